@@ -1,0 +1,70 @@
+"""Saving a model as a self-contained remote-code folder.
+
+On the Hub a model folder must carry its own code: flat `configuration_*.py` / `modeling_*.py` files that import
+each other with single-dot relative imports, plus `auto_map` in config.json. transformers' own copier does not
+follow our one cross-folder import (`from ..configuration.X import`), so this module writes the folder itself.
+It runs from the package and from such a folder alike (a model loaded with trust_remote_code saves the same way),
+so it imports only the standard library.
+"""
+
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+_RELATIVE_IMPORT = re.compile(r"^from (\.\.configuration\.|\.)(\w+) import", re.MULTILINE)
+
+
+def source_files(module_name):
+    """The source file of `module_name` and of every module it reaches through relative imports, each with its text
+    rewritten for a flat folder (`from ..configuration.x import` becomes `from .x import`)."""
+    files, pending = {}, [Path(sys.modules[module_name].__file__)]
+    while pending:
+        path = pending.pop()
+        if path.name in files:
+            continue
+        text = path.read_text()
+        for prefix, name in _RELATIVE_IMPORT.findall(text):
+            folder = path.parent.parent / "configuration" if prefix.startswith("..") else path.parent
+            if not (folder / f"{name}.py").exists():  # already flat: everything sits beside us
+                folder = path.parent
+            pending.append(folder / f"{name}.py")
+        files[path.name] = _RELATIVE_IMPORT.sub(r"from .\2 import", text)
+    return files
+
+
+def atomic_write_text(path, text):
+    """Write `path` so that a reader sees the old content or the new one, never a partial file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_remote_code(model, save_directory, auto_classes):
+    """Copy the model's code into `save_directory` and point config.json's `auto_map` at it.
+
+    `auto_classes` maps Auto class names ("AutoModelForCausalLM") to class names in the model's module.
+    """
+    save_directory = Path(save_directory)
+    config_module = type(model.config).__module__
+    model_module = type(model).__module__
+    for name, text in {**source_files(config_module), **source_files(model_module)}.items():
+        atomic_write_text(save_directory / name, text)
+
+    auto_map = {"AutoConfig": f"{config_module.rsplit('.', 1)[-1]}.{type(model.config).__name__}"}
+    model_file = model_module.rsplit(".", 1)[-1]
+    auto_map.update({auto: f"{model_file}.{cls}" for auto, cls in auto_classes.items()})
+    # A model loaded by repo id carries "org/name--file.Class" entries: the saved copy must use its own files.
+    model.config.auto_map = auto_map
+    config_path = save_directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["auto_map"] = auto_map
+    atomic_write_text(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,365 @@
+"""HourglassLlama: a Llama whose feed-forward network is a stack of K narrow residual sub-MLPs (MODELS.md §1).
+
+    a   = x + Attn(RMSNorm_attn(x))
+    h_k = h_{k-1} + SwiGLU_k(RMSNorm_k(h_{k-1}))     k = 1..K, h_0 = a, out = h_K
+
+Parameter names follow the official Hourglass_LM port: `layers.{i}.post_attention_layernorm.{k}` and
+`layers.{i}.mlp.{k}.{gate,up,down}_proj`. With K = 1 this is transformers' Llama, to the last logit.
+
+This file is copied flat into every saved model folder (remote code): it imports only torch, transformers and its
+siblings.
+"""
+
+import os
+
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
+
+from ..configuration.configuration_hourglass_llama import HourglassLlamaConfig
+from .bundle import write_remote_code
+from .compat import (
+    attention_function,
+    causal_mask,
+    llama_rope_config,
+    model_output,
+    model_output_cache,
+    past_length,
+    pop_cache,
+    rotary_positions,
+)
+
+
+class HourglassLlamaMLP(nn.Module):
+    """One SwiGLU sub-MLP, hidden_size -> intermediate_size -> hidden_size."""
+
+    def __init__(self, config, intermediate_size):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class HourglassLlamaAttention(nn.Module):
+    """Llama attention with a free head_dim and optional QK-norm over the packed query and key projections."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+
+        q_width = config.num_attention_heads * self.head_dim
+        kv_width = config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_width, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_width, config.hidden_size, bias=config.attention_bias)
+        if config.qk_norm:
+            self.q_norm = LlamaRMSNorm(q_width, eps=config.rms_norm_eps)
+            self.k_norm = LlamaRMSNorm(kv_width, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, cache=None, cache_position=None, **kwargs):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+
+        query_states = self.q_proj(hidden_states)  # [batch, seq, heads * head_dim]
+        key_states = self.k_proj(hidden_states)  # [batch, seq, kv_heads * head_dim]
+        value_states = self.v_proj(hidden_states)
+        if self.config.qk_norm:
+            query_states = self.q_norm(query_states)
+            key_states = self.k_norm(key_states)
+        query_states = query_states.view(hidden_shape).transpose(1, 2)  # [batch, heads, seq, head_dim]
+        key_states = key_states.view(hidden_shape).transpose(1, 2)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        if cache is not None:
+            # Static layers up to 5.0 write at `cache_position` and at the wrong place without it.
+            key_states, value_states = cache.update(
+                key_states, value_states, self.layer_idx, {"cache_position": cache_position}
+            )
+
+        attention_interface = attention_function(self.config._attn_implementation, eager_attention_forward)
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+
+class HourglassLlamaDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.self_attn = HourglassLlamaAttention(config, layer_idx)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # One pre-norm per sub-MLP; the names are the official port's.
+        self.post_attention_layernorm = nn.ModuleList(
+            LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps) for _ in config.mlp_intermediate_sizes
+        )
+        self.mlp = nn.ModuleList(HourglassLlamaMLP(config, width) for width in config.mlp_intermediate_sizes)
+
+    def forward(self, hidden_states, attention_mask, position_embeddings, cache=None, cache_position=None, **kwargs):
+        attn_output, attn_weights = self.self_attn(
+            self.input_layernorm(hidden_states),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            cache=cache,
+            cache_position=cache_position,
+            **kwargs,
+        )
+        hidden_states = hidden_states + attn_output
+        for norm, mlp in zip(self.post_attention_layernorm, self.mlp):
+            hidden_states = hidden_states + mlp(norm(hidden_states))
+        return hidden_states, attn_weights
+
+
+class HourglassLlamaPreTrainedModel(PreTrainedModel):
+    config_class = HourglassLlamaConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HourglassLlamaDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+    # Auto classes that the saved remote-code folder maps to classes of this file.
+    _remote_code_auto_classes = {
+        "AutoModel": "HourglassLlamaModel",
+        "AutoModelForCausalLM": "HourglassLlamaForCausalLM",
+        "AutoModelForSequenceClassification": "HourglassLlamaForSequenceClassification",
+    }
+
+    def _init_weights(self, module):
+        # Official init: every weight N(0, initializer_range), norms 1, no depth scaling. Only through
+        # torch.nn.init, which transformers turns into no-ops for weights it loads.
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                nn.init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, LlamaRMSNorm):
+            nn.init.ones_(module.weight)
+
+    def save_pretrained(self, save_directory, *args, push_to_hub=False, **kwargs):
+        """transformers' save_pretrained, then the model's code beside the weights: a remote-code folder.
+        `push_to_hub=True` uploads through `push_to_hub`, which saves the folder the same way."""
+        hub_kwargs = {key: kwargs.pop(key) for key in ("repo_id", "private", "token", "commit_message") if key in kwargs}
+        super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code(self, save_directory, self._remote_code_auto_classes)
+        if push_to_hub:
+            self.push_to_hub(hub_kwargs.pop("repo_id", os.path.basename(os.path.abspath(save_directory))), **hub_kwargs)
+
+
+class HourglassLlamaModel(HourglassLlamaPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            HourglassLlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)
+        )
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(
+            config=llama_rope_config(config.head_dim, config.rope_parameters, config.max_position_embeddings)
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        cache = pop_cache(past_key_values, kwargs)
+        cache_position = kwargs.pop("cache_position", None)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, hidden]
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if not use_cache:
+            cache = None
+
+        # Positions and the mask, once for all layers.
+        cache_position = rotary_positions(
+            cache_position, past_length(cache), inputs_embeds.shape[1], inputs_embeds.device
+        )
+        if position_ids is None:
+            position_ids = cache_position.unsqueeze(0)
+        mask = causal_mask(self.config, inputs_embeds, attention_mask, cache, cache_position, position_ids)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
+
+        hidden_states = inputs_embeds
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for decoder_layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            hidden_states, attn_weights = decoder_layer(
+                hidden_states,
+                attention_mask=mask,
+                position_embeddings=position_embeddings,
+                cache=cache,
+                cache_position=cache_position,
+                position_ids=position_ids,
+                **kwargs,
+            )
+            if output_attentions:
+                all_attentions += (attn_weights,)
+        hidden_states = self.norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        output = model_output(
+            BaseModelOutputWithPast,
+            cache,
+            last_hidden_state=hidden_states,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class HourglassLlamaForCausalLM(HourglassLlamaPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_rep"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = HourglassLlamaModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        cache = pop_cache(past_key_values, kwargs)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep, :])  # [batch, kept positions, vocab]
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+
+        output = model_output(
+            CausalLMOutputWithPast,
+            model_output_cache(outputs),
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class HourglassLlamaForSequenceClassification(GenericForSequenceClassification, HourglassLlamaPreTrainedModel):
+    def __init__(self, config):
+        # GenericForSequenceClassification.__init__ builds the backbone through AutoModel, which does not know this
+        # class when it is loaded as remote code; build it directly and keep the generic forward.
+        HourglassLlamaPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = HourglassLlamaModel(config)
+        self.score = nn.Linear(config.hidden_size, self.num_labels, bias=False)
+        self.post_init()
+
+
+__all__ = [
+    "HourglassLlamaPreTrainedModel",
+    "HourglassLlamaModel",
+    "HourglassLlamaForCausalLM",
+    "HourglassLlamaForSequenceClassification",
+]
