@@ -141,6 +141,10 @@ class HourglassLlamaDecoderLayer(GradientCheckpointingLayer):
 
 
 class HourglassLlamaPreTrainedModel(PreTrainedModel):
+    """transformers' default `_init_weights` is the official initialisation (every weight N(0, initializer_range),
+    norms 1, no depth scaling) and also fills the rotary buffers of models built on the meta device; it only
+    initialises what a checkpoint did not provide."""
+
     config_class = HourglassLlamaConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -157,21 +161,6 @@ class HourglassLlamaPreTrainedModel(PreTrainedModel):
         "AutoModelForCausalLM": "HourglassLlamaForCausalLM",
         "AutoModelForSequenceClassification": "HourglassLlamaForSequenceClassification",
     }
-
-    def _init_weights(self, module):
-        # Official init: every weight N(0, initializer_range), norms 1, no depth scaling. Only through
-        # torch.nn.init, which transformers turns into no-ops for weights it loads.
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
-                nn.init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, LlamaRMSNorm):
-            nn.init.ones_(module.weight)
 
     def save_pretrained(self, save_directory, *args, push_to_hub=False, **kwargs):
         """transformers' save_pretrained, then the model's code beside the weights: a remote-code folder.
