@@ -8,32 +8,49 @@ saved folder carries).
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from .configuration import (
+    BOWTIEFORMER_PRESETS,
     HOURGLASS_LLAMA_PRESETS,
+    BowtieFormerConfig,
     HourglassLlamaConfig,
+    bowtieformer_preset,
     hourglass_llama_preset,
     match_bottleneck_width,
 )
 from .modeling import (
+    BowtieFormerForCausalLM,
+    BowtieFormerModel,
+    BowtieFormerPreTrainedModel,
     HourglassLlamaForCausalLM,
     HourglassLlamaForSequenceClassification,
     HourglassLlamaModel,
     HourglassLlamaPreTrainedModel,
+    VariableWidthCache,
 )
 
 __version__ = "0.1.0"
 
+AutoConfig.register(BowtieFormerConfig.model_type, BowtieFormerConfig, exist_ok=True)
+AutoModel.register(BowtieFormerConfig, BowtieFormerModel, exist_ok=True)
+AutoModelForCausalLM.register(BowtieFormerConfig, BowtieFormerForCausalLM, exist_ok=True)
 AutoConfig.register(HourglassLlamaConfig.model_type, HourglassLlamaConfig, exist_ok=True)
 AutoModel.register(HourglassLlamaConfig, HourglassLlamaModel, exist_ok=True)
 AutoModelForCausalLM.register(HourglassLlamaConfig, HourglassLlamaForCausalLM, exist_ok=True)
 AutoModelForSequenceClassification.register(HourglassLlamaConfig, HourglassLlamaForSequenceClassification, exist_ok=True)
 
 __all__ = [
+    "BOWTIEFORMER_PRESETS",
+    "BowtieFormerConfig",
+    "BowtieFormerForCausalLM",
+    "BowtieFormerModel",
+    "BowtieFormerPreTrainedModel",
     "HOURGLASS_LLAMA_PRESETS",
     "HourglassLlamaConfig",
     "HourglassLlamaForCausalLM",
     "HourglassLlamaForSequenceClassification",
     "HourglassLlamaModel",
     "HourglassLlamaPreTrainedModel",
+    "VariableWidthCache",
+    "bowtieformer_preset",
     "hourglass_llama_preset",
     "match_bottleneck_width",
 ]

@@ -1,58 +1,14 @@
 """HourglassLlama configuration: a Llama whose feed-forward network is a stack of K narrow residual sub-MLPs.
 
-This file is copied flat into every saved model folder (remote code), so it imports only torch and transformers.
+This file is copied flat into every saved model folder (remote code): it imports only torch, transformers and
+its siblings.
 """
 
 import torch
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
-# RoPE types whose frequencies transformers computes from the config alone, with the keys each one requires.
-ROPE_REQUIRED_KEYS = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-    "longrope": ("short_factor", "long_factor"),
-}
-# Pretraining-time context length that these types read; transformers 5 fills it in, 4.57 requires it.
-ROPE_TYPES_WITH_ORIGINAL_LENGTH = ("llama3", "yarn", "longrope")
-
-
-def check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int, got {value!r}")
-
-
-def normalize_rope_parameters(rope_parameters, rope_scaling, rope_theta, max_position_embeddings):
-    """Merge Llama's two spellings (4.x `rope_theta` + `rope_scaling`, 5.x `rope_parameters`) into one dict."""
-    params = dict(rope_parameters or rope_scaling or {})
-    if "type" in params:
-        params.setdefault("rope_type", params.pop("type"))
-    params.setdefault("rope_type", "default")
-    params.setdefault("rope_theta", 10000.0 if rope_theta is None else rope_theta)
-    rope_type = params["rope_type"]
-    if rope_type not in ROPE_REQUIRED_KEYS:
-        raise ValueError(f"`rope_parameters['rope_type']` must be one of {sorted(ROPE_REQUIRED_KEYS)}, got {rope_type!r}")
-    missing = [key for key in ROPE_REQUIRED_KEYS[rope_type] if key not in params]
-    if missing:
-        raise ValueError(f"`rope_parameters` of type {rope_type!r} is missing {missing}")
-    if rope_type in ROPE_TYPES_WITH_ORIGINAL_LENGTH:
-        params.setdefault("original_max_position_embeddings", max_position_embeddings)
-    if not params["rope_theta"] > 0:
-        raise ValueError(f"`rope_theta` must be > 0, got {params['rope_theta']!r}")
-    return params
-
-
-def dtype_bytes(dtype):
-    """Bytes per element of a torch dtype given as a dtype or its name ("bfloat16", "torch.float16")."""
-    if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.")
-        if not isinstance(getattr(torch, name, None), torch.dtype):
-            raise ValueError(f"`dtype` must name a torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
-        dtype = getattr(torch, name)
-    return torch.empty((), dtype=dtype).element_size()
+from .configuration_common import check_positive_int, dtype_bytes, normalize_rope_parameters
 
 
 class HourglassLlamaConfig(PretrainedConfig):

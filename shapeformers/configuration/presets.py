@@ -1,7 +1,8 @@
-"""The papers' HourglassLlama configurations (MODELS.md §1.4) and the parameter-matching helper."""
+"""The papers' configurations (MODELS.md §1.4 and §2.1) and the HourglassLlama parameter-matching helper."""
 
 import math
 
+from .configuration_bowtieformer import BowtieFormerConfig
 from .configuration_hourglass_llama import HourglassLlamaConfig
 
 # Shared by every configuration of the revised paper.
@@ -73,3 +74,45 @@ def match_bottleneck_width(baseline, num_mlp_layers, num_hidden_layers, hidden_s
     candidates = {max(multiple_of, multiple_of * f(ideal / multiple_of)) for f in (math.floor, math.ceil)}
     best = min(candidates, key=lambda width: (abs(at_one + slope * (width - 1) - target), width))
     return with_width(best)
+
+
+# BowtieFormer paper models (MODELS.md §2): name -> (uniform width h, layers). 16 heads, MLP ratio 4, untied
+# embeddings, muP multipliers, attention scale 1 / head_dim.
+_BOWTIE_SIZES = {"200m": (640, 16), "500m": (960, 24), "1b": (1280, 32), "2b": (1600, 40)}
+BOWTIEFORMER_PRESETS = tuple(f"{size}{kind}" for size in _BOWTIE_SIZES for kind in ("", "-uniform"))
+
+
+def bowtieformer_preset(name, **overrides):
+    """The paper's X-shaped model `name` ("200m", ...) or its parameter-matched uniform baseline ("200m-uniform"),
+    with any field overridden."""
+    if name not in BOWTIEFORMER_PRESETS:
+        raise ValueError(f"preset `name` must be one of {list(BOWTIEFORMER_PRESETS)}, got {name!r}")
+    size, _, kind = name.partition("-")
+    hidden_size, layers = _BOWTIE_SIZES[size]
+    fields = dict(
+        vocab_size=100263,
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
+        schedule="uniform" if kind else "geometric",
+        bottleneck_ratio=0.3,
+        bottleneck_position=0.75,
+        symmetric=True,
+        quantize_to=32,
+        num_attention_heads=16,
+        mlp_ratio=4,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        logits_scaling=8.0,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+    fields.update(overrides)
+    config = BowtieFormerConfig(**fields)
+    if "attention_multiplier" in overrides:
+        return config
+    # muP: 1 / head_dim of each layer, known once the widths are solved.
+    head_dims = [config.layer_shape(l)[3] for l in range(config.num_hidden_layers)]
+    return BowtieFormerConfig(
+        **dict(fields, layer_widths=config.layer_widths, attention_multiplier=[1 / d for d in head_dims])
+    )

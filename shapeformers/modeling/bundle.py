@@ -68,3 +68,18 @@ def write_remote_code(model, save_directory, auto_classes):
     config = json.loads(config_path.read_text())
     config["auto_map"] = auto_map
     atomic_write_text(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+class RemoteCodeMixin:
+    """Put first among a PreTrainedModel's bases: `save_pretrained` (and with it `push_to_hub`, Trainer checkpoints
+    and PEFT merges) also writes the model's code, so that the folder loads with `trust_remote_code=True`."""
+
+    # Auto class name -> class name in the model's modeling file; set by each model family.
+    _remote_code_auto_classes = {}
+
+    def save_pretrained(self, save_directory, *args, push_to_hub=False, **kwargs):
+        hub_kwargs = {key: kwargs.pop(key) for key in ("repo_id", "private", "token", "commit_message") if key in kwargs}
+        super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code(self, save_directory, self._remote_code_auto_classes)
+        if push_to_hub:  # push_to_hub saves into a temporary folder through this method, code included
+            self.push_to_hub(hub_kwargs.pop("repo_id", Path(save_directory).resolve().name), **hub_kwargs)

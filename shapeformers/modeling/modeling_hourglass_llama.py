@@ -10,25 +10,16 @@ This file is copied flat into every saved model folder (remote code): it imports
 siblings.
 """
 
-import os
-
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.models.llama.modeling_llama import (
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-    eager_attention_forward,
-)
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..configuration.configuration_hourglass_llama import HourglassLlamaConfig
-from .bundle import write_remote_code
+from .bundle import RemoteCodeMixin
 from .compat import (
-    attention_function,
     causal_mask,
     llama_rope_config,
     model_output,
@@ -37,93 +28,31 @@ from .compat import (
     pop_cache,
     rotary_positions,
 )
-
-
-class HourglassLlamaMLP(nn.Module):
-    """One SwiGLU sub-MLP, hidden_size -> intermediate_size -> hidden_size."""
-
-    def __init__(self, config, intermediate_size):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, intermediate_size, bias=config.mlp_bias)
-        self.up_proj = nn.Linear(config.hidden_size, intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(intermediate_size, config.hidden_size, bias=config.mlp_bias)
-        self.act_fn = ACT2FN[config.hidden_act]
-
-    def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-
-class HourglassLlamaAttention(nn.Module):
-    """Llama attention with a free head_dim and optional QK-norm over the packed query and key projections."""
-
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.head_dim = config.head_dim
-        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
-        self.scaling = self.head_dim**-0.5
-        self.attention_dropout = config.attention_dropout
-        self.is_causal = True
-
-        q_width = config.num_attention_heads * self.head_dim
-        kv_width = config.num_key_value_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, q_width, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_width, config.hidden_size, bias=config.attention_bias)
-        if config.qk_norm:
-            self.q_norm = LlamaRMSNorm(q_width, eps=config.rms_norm_eps)
-            self.k_norm = LlamaRMSNorm(kv_width, eps=config.rms_norm_eps)
-
-    def forward(self, hidden_states, position_embeddings, attention_mask, cache=None, cache_position=None, **kwargs):
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-
-        query_states = self.q_proj(hidden_states)  # [batch, seq, heads * head_dim]
-        key_states = self.k_proj(hidden_states)  # [batch, seq, kv_heads * head_dim]
-        value_states = self.v_proj(hidden_states)
-        if self.config.qk_norm:
-            query_states = self.q_norm(query_states)
-            key_states = self.k_norm(key_states)
-        query_states = query_states.view(hidden_shape).transpose(1, 2)  # [batch, heads, seq, head_dim]
-        key_states = key_states.view(hidden_shape).transpose(1, 2)
-        value_states = value_states.view(hidden_shape).transpose(1, 2)
-
-        cos, sin = position_embeddings
-        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-
-        if cache is not None:
-            # Static layers up to 5.0 write at `cache_position` and at the wrong place without it.
-            key_states, value_states = cache.update(
-                key_states, value_states, self.layer_idx, {"cache_position": cache_position}
-            )
-
-        attention_interface = attention_function(self.config._attn_implementation, eager_attention_forward)
-        attn_output, attn_weights = attention_interface(
-            self,
-            query_states,
-            key_states,
-            value_states,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            **kwargs,
-        )
-        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-        return self.o_proj(attn_output), attn_weights
+from .layers import SelfAttention, SwiGLUMLP
 
 
 class HourglassLlamaDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.self_attn = HourglassLlamaAttention(config, layer_idx)
+        self.self_attn = SelfAttention(
+            config,
+            layer_idx,
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            scaling=config.head_dim**-0.5,
+            qk_norm=config.qk_norm,
+        )
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # One pre-norm per sub-MLP; the names are the official port's.
         self.post_attention_layernorm = nn.ModuleList(
             LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps) for _ in config.mlp_intermediate_sizes
         )
-        self.mlp = nn.ModuleList(HourglassLlamaMLP(config, width) for width in config.mlp_intermediate_sizes)
+        self.mlp = nn.ModuleList(
+            SwiGLUMLP(config.hidden_size, width, config.mlp_bias, config.hidden_act)
+            for width in config.mlp_intermediate_sizes
+        )
 
     def forward(self, hidden_states, attention_mask, position_embeddings, cache=None, cache_position=None, **kwargs):
         attn_output, attn_weights = self.self_attn(
@@ -140,7 +69,7 @@ class HourglassLlamaDecoderLayer(GradientCheckpointingLayer):
         return hidden_states, attn_weights
 
 
-class HourglassLlamaPreTrainedModel(PreTrainedModel):
+class HourglassLlamaPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     """transformers' default `_init_weights` is the official initialisation (every weight N(0, initializer_range),
     norms 1, no depth scaling) and also fills the rotary buffers of models built on the meta device; it only
     initialises what a checkpoint did not provide."""
@@ -161,15 +90,6 @@ class HourglassLlamaPreTrainedModel(PreTrainedModel):
         "AutoModelForCausalLM": "HourglassLlamaForCausalLM",
         "AutoModelForSequenceClassification": "HourglassLlamaForSequenceClassification",
     }
-
-    def save_pretrained(self, save_directory, *args, push_to_hub=False, **kwargs):
-        """transformers' save_pretrained, then the model's code beside the weights: a remote-code folder.
-        `push_to_hub=True` uploads through `push_to_hub`, which saves the folder the same way."""
-        hub_kwargs = {key: kwargs.pop(key) for key in ("repo_id", "private", "token", "commit_message") if key in kwargs}
-        super().save_pretrained(save_directory, *args, **kwargs)
-        write_remote_code(self, save_directory, self._remote_code_auto_classes)
-        if push_to_hub:
-            self.push_to_hub(hub_kwargs.pop("repo_id", os.path.basename(os.path.abspath(save_directory))), **hub_kwargs)
 
 
 class HourglassLlamaModel(HourglassLlamaPreTrainedModel):

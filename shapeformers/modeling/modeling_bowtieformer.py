@@ -1,0 +1,331 @@
+"""BowtieFormer: a decoder whose width changes from layer to layer, joined by carry-forward residual resizing
+(MODELS.md §2).
+
+    x = m_emb * embed(ids)                            # width h
+    for each layer l:  x = resize(x, w_l)
+                       x = x + m_res * Attn_l(RMSNorm(x))
+                       x = x + m_res * MLP_l(RMSNorm(x))
+    logits = lm_head(resize(RMSNorm_f(x), h)) / m_width
+
+The residual stream is ONE buffer as wide as the widest layer: layer l reads its first w_l coordinates and writes
+them back, the others pass by untouched, so widening finds the most recent value of each coordinate (carry-forward)
+with no list of past states. With equal widths this is transformers' Granite, parameter names included.
+
+This file is copied flat into every saved model folder (remote code): it imports only torch, transformers and its
+siblings.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+from ..configuration.configuration_bowtieformer import BowtieFormerConfig
+from .bundle import RemoteCodeMixin
+from .compat import (
+    CACHE_FIELD,
+    causal_mask,
+    llama_rope_config,
+    model_output,
+    model_output_cache,
+    past_length,
+    pop_cache,
+    rotary_positions,
+)
+from .layers import SelfAttention, SwiGLUMLP
+from .variable_width_cache import VariableWidthCache
+
+
+class BowtieFormerDecoderLayer(GradientCheckpointingLayer):
+    """A Granite decoder layer at this layer's own width; with ffn_type "hourglass" its MLP is a stack of residual
+    sub-MLPs, each with its own pre-norm, as in HourglassLlama."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        width, heads, kv_heads, head_dim, mlp_width = config.layer_shape(layer_idx)
+        self.width = width
+        self.head_dim = head_dim
+        self.residual_multiplier = config.residual_multiplier
+        self.self_attn = SelfAttention(
+            config,
+            layer_idx,
+            hidden_size=width,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            scaling=config.layer_attention_scale(layer_idx),
+        )
+        self.input_layernorm = LlamaRMSNorm(width, eps=config.rms_norm_eps)
+        if config.ffn_type == "swiglu":  # Granite's names: `post_attention_layernorm`, `mlp.gate_proj`
+            self.post_attention_layernorm = LlamaRMSNorm(width, eps=config.rms_norm_eps)
+            self.mlp = SwiGLUMLP(width, mlp_width, config.mlp_bias, config.hidden_act)
+        else:  # HourglassLlama's names: `post_attention_layernorm.{k}`, `mlp.{k}.gate_proj`
+            self.post_attention_layernorm = nn.ModuleList(
+                LlamaRMSNorm(width, eps=config.rms_norm_eps) for _ in range(config.num_mlp_layers)
+            )
+            self.mlp = nn.ModuleList(
+                SwiGLUMLP(width, mlp_width, config.mlp_bias, config.hidden_act) for _ in range(config.num_mlp_layers)
+            )
+
+    def forward(self, hidden_states, attention_mask, position_embeddings, cache=None, cache_position=None, **kwargs):
+        # hidden_states: [batch, seq, width], this layer's prefix of the residual buffer
+        attn_output, attn_weights = self.self_attn(
+            self.input_layernorm(hidden_states),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            cache=cache,
+            cache_position=cache_position,
+            **kwargs,
+        )
+        hidden_states = hidden_states + attn_output * self.residual_multiplier
+        if isinstance(self.mlp, nn.ModuleList):
+            blocks = zip(self.post_attention_layernorm, self.mlp)
+        else:
+            blocks = [(self.post_attention_layernorm, self.mlp)]
+        for norm, mlp in blocks:
+            hidden_states = hidden_states + mlp(norm(hidden_states)) * self.residual_multiplier
+        return hidden_states, attn_weights
+
+
+class BowtieFormerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
+    """transformers' default `_init_weights` gives every weight N(0, initializer_range) and norms 1, and fills the
+    rotary buffers of models built on the meta device; it only initialises what a checkpoint did not provide."""
+
+    config_class = BowtieFormerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["BowtieFormerDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+    _remote_code_auto_classes = {
+        "AutoModel": "BowtieFormerModel",
+        "AutoModelForCausalLM": "BowtieFormerForCausalLM",
+    }
+
+
+class BowtieFormerModel(BowtieFormerPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            BowtieFormerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)
+        )
+        self.norm = LlamaRMSNorm(config.layer_widths[-1], eps=config.rms_norm_eps)
+        # One rotary table per distinct head size; every layer uses the one of its own head_dim.
+        self.rotary_embs = nn.ModuleDict(
+            {
+                str(head_dim): LlamaRotaryEmbedding(
+                    config=llama_rope_config(head_dim, config.rope_parameters, config.max_position_embeddings)
+                )
+                for head_dim in sorted({layer.head_dim for layer in self.layers})
+            }
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        cache = pop_cache(past_key_values, kwargs)
+        cache_position = kwargs.pop("cache_position", None)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, h]
+        inputs_embeds = inputs_embeds * self.config.embedding_multiplier
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and cache is None:
+            cache = VariableWidthCache(self.config)
+        if not use_cache:
+            cache = None
+
+        # Positions, the mask and each head size's rotary table, once for all layers.
+        cache_position = rotary_positions(
+            cache_position, past_length(cache), inputs_embeds.shape[1], inputs_embeds.device
+        )
+        if position_ids is None:
+            position_ids = cache_position.unsqueeze(0)
+        mask = causal_mask(self.config, inputs_embeds, attention_mask, cache, cache_position, position_ids)
+        rotary = {int(head_dim): emb(inputs_embeds, position_ids) for head_dim, emb in self.rotary_embs.items()}
+
+        # The residual buffer: [batch, seq, widest], the embedding followed by zeros.
+        embedding_width = self.config.hidden_size
+        residual = F.pad(inputs_embeds, (0, self.config.residual_width - embedding_width))
+        live_width = embedding_width  # coordinates written so far; only "zero" resizing reads it
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for decoder_layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (residual.clone(),)
+            width = decoder_layer.width
+            # A copy, not a view: the layer's autograd graph must not see the in-place write-back below.
+            hidden_states = residual[..., :width].clone()
+            if self.config.resize_mode == "zero" and width > live_width:
+                hidden_states[..., live_width:] = 0
+            hidden_states, attn_weights = decoder_layer(
+                hidden_states,
+                attention_mask=mask,
+                position_embeddings=rotary[decoder_layer.head_dim],
+                cache=cache,
+                cache_position=cache_position,
+                position_ids=position_ids,
+                **kwargs,
+            )
+            residual[..., :width] = hidden_states
+            live_width = width
+            if output_attentions:
+                all_attentions += (attn_weights,)
+
+        # Final norm at the last layer's width, then back to the LM head's width h: cut, or fill coordinates
+        # w_L..h with their carried values (zeros in "zero" mode).
+        hidden_states = self.norm(residual[..., :live_width])
+        if live_width >= embedding_width:
+            hidden_states = hidden_states[..., :embedding_width]
+        elif self.config.resize_mode == "zero":
+            hidden_states = F.pad(hidden_states, (0, embedding_width - live_width))
+        else:
+            hidden_states = torch.cat((hidden_states, residual[..., live_width:embedding_width]), dim=-1)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        output = model_output(
+            BaseModelOutputWithPast,
+            cache,
+            last_hidden_state=hidden_states,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class BowtieFormerForCausalLM(BowtieFormerPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_rep"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = BowtieFormerModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def _prepare_cache_for_generation(
+        self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+    ):
+        """transformers sizes its own caches from global config fields; a BowtieFormer's layers each have their own
+        key/value shape, so generate() gets a VariableWidthCache: preallocated for cache_implementation="static",
+        growing otherwise. A cache the caller passed, and other cache implementations, go through unchanged."""
+        implementation = generation_config.cache_implementation
+        if (
+            model_kwargs.get(CACHE_FIELD) is not None
+            or generation_config.use_cache is False
+            or implementation not in (None, "dynamic", "static")
+        ):
+            return super()._prepare_cache_for_generation(
+                generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+            )
+        if implementation == "static":
+            batch_size *= max(generation_config.num_beams, generation_config.num_return_sequences)
+            max_cache_length = max(max_cache_length, getattr(generation_config, "max_cache_len", None) or 0)
+            on_one_device = len(set((getattr(self, "hf_device_map", None) or {"": self.device}).values())) == 1
+            model_kwargs[CACHE_FIELD] = VariableWidthCache(
+                self.config,
+                max_cache_len=max_cache_length,
+                batch_size=batch_size if on_one_device else None,  # else each layer allocates on its own device
+                dtype=self.dtype,
+                device=self.device,
+            )
+        else:
+            model_kwargs[CACHE_FIELD] = VariableWidthCache(self.config)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        cache = pop_cache(past_key_values, kwargs)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep, :]) / self.config.logits_scaling  # [batch, kept, vocab]
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+
+        output = model_output(
+            CausalLMOutputWithPast,
+            model_output_cache(outputs),
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+__all__ = ["BowtieFormerPreTrainedModel", "BowtieFormerModel", "BowtieFormerForCausalLM", "VariableWidthCache"]
