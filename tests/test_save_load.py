@@ -1,5 +1,5 @@
-"""Both ways in: natively after `import shapeformers`, and as remote code in a process that cannot import it, from a
-folder and by repo id from a local Hugging Face cache."""
+"""Both ways in, for both architectures: natively after `import shapeformers`, and as remote code in a process
+that cannot import it, from a folder and by repo id from a local Hugging Face cache."""
 
 import json
 import os
@@ -13,8 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from shapeformers import HourglassLlamaConfig, HourglassLlamaForCausalLM
+from shapeformers import BowtieFormerForCausalLM, HourglassLlamaConfig, HourglassLlamaForCausalLM
 
+from .conftest import perturb_norms, tiny_hourglass_config
+from .test_bowtieformer_config import tiny_bowtie_config
 from .test_hourglass_llama_equivalence import reference_logits
 
 pytestmark = pytest.mark.matrix
@@ -30,42 +32,62 @@ def assert_same_weights(model, folder):
     assert set(state) - set(saved) <= {"lm_head.weight"}  # tied heads are stored once
 
 
-def test_folder_is_a_self_contained_remote_code_bundle(tiny_model, tmp_path):
-    tiny_model.save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model_type"] == "hourglass_llama"
-    assert config["auto_map"] == {
+@pytest.fixture(params=["hourglass_llama", "bowtieformer"])
+def any_model(request):
+    """A tiny model of each architecture with non-default weights everywhere (norms included)."""
+    torch.manual_seed(0)
+    if request.param == "hourglass_llama":
+        model = HourglassLlamaForCausalLM(tiny_hourglass_config())
+    else:
+        model = BowtieFormerForCausalLM(tiny_bowtie_config(num_key_value_heads=2, embedding_multiplier=2.0))
+    return perturb_norms(model).eval()
+
+
+EXPECTED_AUTO_MAPS = {
+    "hourglass_llama": {
         "AutoConfig": "configuration_hourglass_llama.HourglassLlamaConfig",
         "AutoModel": "modeling_hourglass_llama.HourglassLlamaModel",
         "AutoModelForCausalLM": "modeling_hourglass_llama.HourglassLlamaForCausalLM",
         "AutoModelForSequenceClassification": "modeling_hourglass_llama.HourglassLlamaForSequenceClassification",
-    }
+    },
+    "bowtieformer": {
+        "AutoConfig": "configuration_bowtieformer.BowtieFormerConfig",
+        "AutoModel": "modeling_bowtieformer.BowtieFormerModel",
+        "AutoModelForCausalLM": "modeling_bowtieformer.BowtieFormerForCausalLM",
+    },
+}
+
+
+def test_folder_is_a_self_contained_remote_code_bundle(any_model, tmp_path):
+    any_model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    model_type = config["model_type"]
+    assert config["auto_map"] == EXPECTED_AUTO_MAPS[model_type]
     code = {path.name: path.read_text() for path in tmp_path.glob("*.py")}
-    assert {"configuration_hourglass_llama.py", "modeling_hourglass_llama.py"} <= set(code)
+    assert {f"configuration_{model_type}.py", f"modeling_{model_type}.py"} <= set(code)
     for name, text in code.items():
         for line in text.splitlines():
             if line.startswith(("import ", "from ")):
                 module = line.split()[1]
                 assert not module.startswith(".."), f"{name}: {line}"
-                assert module.startswith(".") or module.split(".")[0] in {
-                    "torch", "transformers", "json", "os", "re", "sys", "tempfile", "pathlib", "dataclasses", "inspect"
-                }, f"{name}: {line}"
+                top_level = module.split(".")[0]
+                assert module.startswith(".") or top_level in {"torch", "transformers", *sys.stdlib_module_names}, (
+                    f"{name}: {line}"
+                )
 
 
-def test_native_round_trip_is_bit_exact(tiny_model, tmp_path):
-    tiny_model.save_pretrained(tmp_path)
+def test_native_round_trip_is_bit_exact(any_model, tmp_path):
+    any_model.save_pretrained(tmp_path)
     loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
-    assert type(loaded) is HourglassLlamaForCausalLM
+    assert type(loaded) is type(any_model)
     assert not any(info.values()), info
     assert_same_weights(loaded, tmp_path)
-    input_ids = torch.randint(3, 97, (2, 11))
+    input_ids = torch.randint(3, 80, (2, 11))
     with torch.no_grad():
-        assert torch.equal(loaded.eval()(input_ids).logits, tiny_model(input_ids).logits)
+        assert torch.equal(loaded.eval()(input_ids).logits, any_model(input_ids).logits)
 
 
 def test_tied_embeddings_stay_tied_after_loading(tmp_path):
-    from .conftest import tiny_hourglass_config
-
     HourglassLlamaForCausalLM(tiny_hourglass_config(tie_word_embeddings=True)).save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
@@ -97,7 +119,8 @@ REMOTE_SCRIPT = textwrap.dedent(
     for source in (folder, repo_id):
         model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True).eval()
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        assert type(AutoConfig.from_pretrained(source, trust_remote_code=True)).__name__ == "HourglassLlamaConfig"
+        config_class = type(AutoConfig.from_pretrained(source, trust_remote_code=True))
+        assert config_class.__module__.startswith("transformers_modules"), config_class
         for name, tensor in load_file(folder + "/model.safetensors").items():
             assert torch.equal(model.state_dict()[name], tensor), name
         with torch.no_grad():
@@ -115,21 +138,21 @@ REMOTE_SCRIPT = textwrap.dedent(
 )
 
 
-def test_remote_code_loads_without_shapeformers(tiny_model, tmp_path):
+def test_remote_code_loads_without_shapeformers(any_model, tmp_path):
     folder = tmp_path / "model"
-    tiny_model.save_pretrained(folder)
-    input_ids = torch.randint(3, 97, (2, 11))
+    any_model.save_pretrained(folder)
+    input_ids = torch.randint(3, 80, (2, 11))
     prompt = torch.tensor([[1, 5, 9, 14]])
     with torch.no_grad():
         expected = {
             "input_ids": input_ids,
-            "logits": tiny_model(input_ids).logits,
+            "logits": any_model(input_ids).logits,
             "prompt": prompt,
-            "tokens": tiny_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+            "tokens": any_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
                                           min_new_tokens=8, do_sample=False, pad_token_id=0),
         }
     save_file(expected, tmp_path / "expected.safetensors")
-    repo_id = "shapeformers-test/tiny-hourglass"
+    repo_id = f"shapeformers-test/tiny-{any_model.config.model_type}"
     env = dict(
         os.environ,
         HF_HUB_OFFLINE="1",
@@ -144,7 +167,7 @@ def test_remote_code_loads_without_shapeformers(tiny_model, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     assert "remote code OK" in result.stdout
     resaved_config = json.loads((tmp_path / "resaved" / "config.json").read_text())
-    assert resaved_config["auto_map"]["AutoModelForCausalLM"] == "modeling_hourglass_llama.HourglassLlamaForCausalLM"
+    assert resaved_config["auto_map"] == EXPECTED_AUTO_MAPS[any_model.config.model_type]
 
 
 def test_official_port_checkpoint_loads_after_a_model_type_rewrite(tmp_path):
