@@ -42,6 +42,7 @@ def atomic_write_text(path, text):
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates files readable by their owner only
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

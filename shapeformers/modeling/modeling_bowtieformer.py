@@ -20,22 +20,12 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..configuration.configuration_bowtieformer import BowtieFormerConfig
 from .bundle import RemoteCodeMixin
-from .compat import (
-    CACHE_FIELD,
-    causal_mask,
-    llama_rope_config,
-    model_output,
-    model_output_cache,
-    past_length,
-    pop_cache,
-    rotary_positions,
-)
-from .layers import SelfAttention, SwiGLUMLP
+from .compat import CACHE_FIELD, llama_rope_config, pop_cache
+from .modeling_common import CausalLMMixin, DecoderModelMixin, SelfAttention, SwiGLUMLP
 from .variable_width_cache import VariableWidthCache
 
 
@@ -110,7 +100,7 @@ class BowtieFormerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     }
 
 
-class BowtieFormerModel(BowtieFormerPreTrainedModel):
+class BowtieFormerModel(DecoderModelMixin, BowtieFormerPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
@@ -132,11 +122,8 @@ class BowtieFormerModel(BowtieFormerPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
+    def new_cache(self):
+        return VariableWidthCache(self.config)
 
     def forward(
         self,
@@ -151,42 +138,22 @@ class BowtieFormerModel(BowtieFormerPreTrainedModel):
         return_dict=None,
         **kwargs,
     ):
-        cache = pop_cache(past_key_values, kwargs)
-        cache_position = kwargs.pop("cache_position", None)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, h]
-        inputs_embeds = inputs_embeds * self.config.embedding_multiplier
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        inputs = self.decoder_inputs(
+            input_ids, inputs_embeds, attention_mask, position_ids, pop_cache(past_key_values, kwargs), use_cache,
+            output_attentions, output_hidden_states, kwargs,
         )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
-        if use_cache and cache is None:
-            cache = VariableWidthCache(self.config)
-        if not use_cache:
-            cache = None
-
-        # Positions, the mask and each head size's rotary table, once for all layers.
-        cache_position = rotary_positions(
-            cache_position, past_length(cache), inputs_embeds.shape[1], inputs_embeds.device
-        )
-        if position_ids is None:
-            position_ids = cache_position.unsqueeze(0)
-        mask = causal_mask(self.config, inputs_embeds, attention_mask, cache, cache_position, position_ids)
-        rotary = {int(head_dim): emb(inputs_embeds, position_ids) for head_dim, emb in self.rotary_embs.items()}
+        inputs_embeds = inputs.inputs_embeds * self.config.embedding_multiplier  # [batch, seq, h]
+        # Each head size's rotary table, once for all layers.
+        rotary = {int(dim): emb(inputs_embeds, inputs.position_ids) for dim, emb in self.rotary_embs.items()}
 
         # The residual buffer: [batch, seq, widest], the embedding followed by zeros.
         embedding_width = self.config.hidden_size
         residual = F.pad(inputs_embeds, (0, self.config.residual_width - embedding_width))
-        live_width = embedding_width  # coordinates written so far; only "zero" resizing reads it
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        live_width = embedding_width  # width of the latest state: the embedding's, then each layer's
+        all_hidden_states = () if inputs.output_hidden_states else None
+        all_attentions = () if inputs.output_attentions else None
         for decoder_layer in self.layers:
-            if output_hidden_states:
+            if inputs.output_hidden_states:
                 all_hidden_states += (residual.clone(),)
             width = decoder_layer.width
             # A copy, not a view: the layer's autograd graph must not see the in-place write-back below.
@@ -195,16 +162,16 @@ class BowtieFormerModel(BowtieFormerPreTrainedModel):
                 hidden_states[..., live_width:] = 0
             hidden_states, attn_weights = decoder_layer(
                 hidden_states,
-                attention_mask=mask,
+                attention_mask=inputs.mask,
                 position_embeddings=rotary[decoder_layer.head_dim],
-                cache=cache,
-                cache_position=cache_position,
-                position_ids=position_ids,
+                cache=inputs.cache,
+                cache_position=inputs.cache_position,
+                position_ids=inputs.position_ids,
                 **kwargs,
             )
             residual[..., :width] = hidden_states
             live_width = width
-            if output_attentions:
+            if inputs.output_attentions:
                 all_attentions += (attn_weights,)
 
         # Final norm at the last layer's width, then back to the LM head's width h: cut, or fill coordinates
@@ -216,20 +183,12 @@ class BowtieFormerModel(BowtieFormerPreTrainedModel):
             hidden_states = F.pad(hidden_states, (0, embedding_width - live_width))
         else:
             hidden_states = torch.cat((hidden_states, residual[..., live_width:embedding_width]), dim=-1)
-        if output_hidden_states:
+        if inputs.output_hidden_states:
             all_hidden_states += (hidden_states,)
-
-        output = model_output(
-            BaseModelOutputWithPast,
-            cache,
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-        )
-        return output if return_dict is not False else output.to_tuple()
+        return self.decoder_output(inputs.cache, hidden_states, all_hidden_states, all_attentions, return_dict)
 
 
-class BowtieFormerForCausalLM(BowtieFormerPreTrainedModel, GenerationMixin):
+class BowtieFormerForCausalLM(CausalLMMixin, BowtieFormerPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_rep"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
@@ -240,18 +199,6 @@ class BowtieFormerForCausalLM(BowtieFormerPreTrainedModel, GenerationMixin):
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
 
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
@@ -281,51 +228,6 @@ class BowtieFormerForCausalLM(BowtieFormerPreTrainedModel, GenerationMixin):
             )
         else:
             model_kwargs[CACHE_FIELD] = VariableWidthCache(self.config)
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        position_ids=None,
-        past_key_values=None,
-        inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        logits_to_keep=0,
-        **kwargs,
-    ):
-        cache = pop_cache(past_key_values, kwargs)
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            **kwargs,
-        )
-        hidden_states = outputs.last_hidden_state
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, keep, :]) / self.config.logits_scaling  # [batch, kept, vocab]
-
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-
-        output = model_output(
-            CausalLMOutputWithPast,
-            model_output_cache(outputs),
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict is not False else output.to_tuple()
 
 
 __all__ = ["BowtieFormerPreTrainedModel", "BowtieFormerModel", "BowtieFormerForCausalLM", "VariableWidthCache"]

@@ -12,23 +12,13 @@ siblings.
 
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.cache_utils import DynamicCache
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..configuration.configuration_hourglass_llama import HourglassLlamaConfig
 from .bundle import RemoteCodeMixin
-from .compat import (
-    causal_mask,
-    llama_rope_config,
-    model_output,
-    model_output_cache,
-    past_length,
-    pop_cache,
-    rotary_positions,
-)
-from .layers import SelfAttention, SwiGLUMLP
+from .compat import llama_rope_config, pop_cache
+from .modeling_common import CausalLMMixin, DecoderModelMixin, SelfAttention, SwiGLUMLP
 
 
 class HourglassLlamaDecoderLayer(GradientCheckpointingLayer):
@@ -92,7 +82,7 @@ class HourglassLlamaPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     }
 
 
-class HourglassLlamaModel(HourglassLlamaPreTrainedModel):
+class HourglassLlamaModel(DecoderModelMixin, HourglassLlamaPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
@@ -108,12 +98,6 @@ class HourglassLlamaModel(HourglassLlamaPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     def forward(
         self,
         input_ids=None,
@@ -127,65 +111,36 @@ class HourglassLlamaModel(HourglassLlamaPreTrainedModel):
         return_dict=None,
         **kwargs,
     ):
-        cache = pop_cache(past_key_values, kwargs)
-        cache_position = kwargs.pop("cache_position", None)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, hidden]
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        inputs = self.decoder_inputs(
+            input_ids, inputs_embeds, attention_mask, position_ids, pop_cache(past_key_values, kwargs), use_cache,
+            output_attentions, output_hidden_states, kwargs,
         )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        if not use_cache:
-            cache = None
+        position_embeddings = self.rotary_emb(inputs.inputs_embeds, inputs.position_ids)
 
-        # Positions and the mask, once for all layers.
-        cache_position = rotary_positions(
-            cache_position, past_length(cache), inputs_embeds.shape[1], inputs_embeds.device
-        )
-        if position_ids is None:
-            position_ids = cache_position.unsqueeze(0)
-        mask = causal_mask(self.config, inputs_embeds, attention_mask, cache, cache_position, position_ids)
-        position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
-
-        hidden_states = inputs_embeds
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        hidden_states = inputs.inputs_embeds  # [batch, seq, hidden]
+        all_hidden_states = () if inputs.output_hidden_states else None
+        all_attentions = () if inputs.output_attentions else None
         for decoder_layer in self.layers:
-            if output_hidden_states:
+            if inputs.output_hidden_states:
                 all_hidden_states += (hidden_states,)
             hidden_states, attn_weights = decoder_layer(
                 hidden_states,
-                attention_mask=mask,
+                attention_mask=inputs.mask,
                 position_embeddings=position_embeddings,
-                cache=cache,
-                cache_position=cache_position,
-                position_ids=position_ids,
+                cache=inputs.cache,
+                cache_position=inputs.cache_position,
+                position_ids=inputs.position_ids,
                 **kwargs,
             )
-            if output_attentions:
+            if inputs.output_attentions:
                 all_attentions += (attn_weights,)
         hidden_states = self.norm(hidden_states)
-        if output_hidden_states:
+        if inputs.output_hidden_states:
             all_hidden_states += (hidden_states,)
-
-        output = model_output(
-            BaseModelOutputWithPast,
-            cache,
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-        )
-        return output if return_dict is not False else output.to_tuple()
+        return self.decoder_output(inputs.cache, hidden_states, all_hidden_states, all_attentions, return_dict)
 
 
-class HourglassLlamaForCausalLM(HourglassLlamaPreTrainedModel, GenerationMixin):
+class HourglassLlamaForCausalLM(CausalLMMixin, HourglassLlamaPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_rep"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
@@ -196,63 +151,6 @@ class HourglassLlamaForCausalLM(HourglassLlamaPreTrainedModel, GenerationMixin):
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        position_ids=None,
-        past_key_values=None,
-        inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        logits_to_keep=0,
-        **kwargs,
-    ):
-        cache = pop_cache(past_key_values, kwargs)
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            **kwargs,
-        )
-        hidden_states = outputs.last_hidden_state
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, keep, :])  # [batch, kept positions, vocab]
-
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-
-        output = model_output(
-            CausalLMOutputWithPast,
-            model_output_cache(outputs),
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict is not False else output.to_tuple()
 
 
 class HourglassLlamaForSequenceClassification(GenericForSequenceClassification, HourglassLlamaPreTrainedModel):

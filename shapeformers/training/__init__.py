@@ -1,0 +1,1 @@
+"""Small training recipes on local text: the `shapeformers demo` run and its data helpers."""
