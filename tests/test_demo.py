@@ -5,7 +5,7 @@ import math
 
 from shapeformers.cli import main
 
-MODELS = ("llama", "hourglass_llama")
+MODELS = ("llama", "hourglass_llama", "bowtieformer")
 
 
 def table_rows(output):
@@ -26,9 +26,10 @@ def test_demo_end_to_end(tmp_path, capsys):
             assert (folder / file).is_file(), f"{name}/{file} missing"
         tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
         assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
-    assert (tmp_path / "hourglass_llama" / "modeling_hourglass_llama.py").is_file()
-    assert (tmp_path / "hourglass_llama" / "configuration_hourglass_llama.py").is_file()
-    assert "auto_map" in json.loads((tmp_path / "hourglass_llama" / "config.json").read_text())
+    for name in MODELS[1:]:
+        assert (tmp_path / name / f"modeling_{name}.py").is_file()
+        assert (tmp_path / name / f"configuration_{name}.py").is_file()
+        assert "auto_map" in json.loads((tmp_path / name / "config.json").read_text())
     assert not list(tmp_path.glob(".*")), "a staging folder was left behind"
 
     rows = table_rows(capsys.readouterr().out)
@@ -36,6 +37,9 @@ def test_demo_end_to_end(tmp_path, capsys):
     for row in rows.values():
         assert math.isfinite(float(row["train loss"])) and math.isfinite(float(row["val loss"]))
     # Matched budgets: the same non-embedding parameters to 1%, half the KV cache (half the layers, same attention).
-    llama, hourglass = (int(rows[name]["non-emb params"].replace(",", "")) for name in MODELS)
+    llama, hourglass, bowtie = (int(rows[name]["non-emb params"].replace(",", "")) for name in MODELS)
     assert abs(hourglass - llama) < 0.01 * llama
+    assert abs(bowtie - llama) < 0.05 * llama  # matched as the paper counts (no norms, padded columns)
     assert int(rows["llama"]["KV bytes/token (bf16)"]) == 2 * int(rows["hourglass_llama"]["KV bytes/token (bf16)"])
+    # The X shape's average width (160 + 96 + 64 + 160) / 4 = 120 against 128.
+    assert int(rows["bowtieformer"]["KV bytes/token (bf16)"]) * 128 == int(rows["llama"]["KV bytes/token (bf16)"]) * 120

@@ -170,9 +170,9 @@ def test_remote_code_loads_without_shapeformers(any_model, tmp_path):
     assert resaved_config["auto_map"] == EXPECTED_AUTO_MAPS[any_model.config.model_type]
 
 
-def test_official_port_checkpoint_loads_after_a_model_type_rewrite(tmp_path):
+def write_official_port_checkpoint(folder):
     """A checkpoint as the official Hourglass_LM port writes it (MODELS.md §1.3): a Llama config with two extra keys
-    and `post_attention_layernorm.{k}` / `mlp.{k}.*` tensors."""
+    and `post_attention_layernorm.{k}` / `mlp.{k}.*` tensors. Returns the tensors."""
     torch.manual_seed(0)
     d, layers, widths, vocab = 32, 2, [24, 40], 61
     tensors = {"model.embed_tokens.weight": torch.randn(vocab, d), "model.norm.weight": 1 + 0.1 * torch.randn(d),
@@ -187,7 +187,7 @@ def test_official_port_checkpoint_loads_after_a_model_type_rewrite(tmp_path):
             tensors[p + f"mlp.{k}.gate_proj.weight"] = 0.2 * torch.randn(width, d)
             tensors[p + f"mlp.{k}.up_proj.weight"] = 0.2 * torch.randn(width, d)
             tensors[p + f"mlp.{k}.down_proj.weight"] = 0.2 * torch.randn(d, width)
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     official = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": d,
         "intermediate_size": 64, "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -195,12 +195,19 @@ def test_official_port_checkpoint_loads_after_a_model_type_rewrite(tmp_path):
         "tie_word_embeddings": False, "hidden_act": "silu", "num_mlp_layers": 2, "mlp_intermediate_sizes": widths,
         "torch_dtype": "float32",
     }
-    (tmp_path / "config.json").write_text(json.dumps(dict(official, model_type="hourglass_llama")))
+    (folder / "config.json").write_text(json.dumps(official))
+    return tensors
+
+
+def test_official_port_checkpoint_loads_after_a_model_type_rewrite(tmp_path):
+    tensors = write_official_port_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, model_type="hourglass_llama")))
 
     model, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not any(info.values()), info
-    assert isinstance(model.config, HourglassLlamaConfig) and model.config.mlp_intermediate_sizes == widths
-    input_ids = torch.randint(0, vocab, (2, 9))
+    assert isinstance(model.config, HourglassLlamaConfig) and model.config.mlp_intermediate_sizes == [24, 40]
+    input_ids = torch.randint(0, 61, (2, 9))
     with torch.no_grad():
         logits = model.eval()(input_ids).logits
     assert torch.allclose(logits, reference_logits(tensors, model.config, input_ids), atol=1e-5, rtol=0)

@@ -2,12 +2,12 @@
 it, and batches of random windows (nanoGPT style)."""
 
 import gzip
-import json
-from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from ..tokenization import save_tokenizer  # noqa: F401  (the demo saves through it)
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 
@@ -44,16 +44,6 @@ def train_tokenizer(text, vocab_size):
     )
     tokenizer.train_from_iterator(text.splitlines(keepends=True), trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD)
-
-
-def save_tokenizer(tokenizer, directory):
-    """`save_pretrained`, with the class named so that transformers 4.x loads it too (5.x writes its new
-    `TokenizersBackend` name, which 4.x does not know)."""
-    tokenizer.save_pretrained(directory)
-    config_path = Path(directory) / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def encode(tokenizer, text):

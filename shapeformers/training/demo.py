@@ -1,8 +1,8 @@
 """`shapeformers demo`: the whole story in a few CPU minutes, offline.
 
-Train a byte-level BPE tokenizer on a small English corpus; build a tiny Llama and an HourglassLlama with the same
-number of non-embedding parameters; train both with the same seed, data order and schedule; save each as a Hub
-folder (the HourglassLlama one carries its own code); reload both through the Auto classes with
+Train a byte-level BPE tokenizer on a small English corpus; build a tiny Llama, an HourglassLlama with the same
+number of non-embedding parameters and an X-shaped BowtieFormer matched to it as the paper counts; train both with the same seed, data order and schedule; save each as a Hub
+folder (ours carry their own code); reload both through the Auto classes with
 `trust_remote_code=True`; generate through a `pipeline`; print one comparison table.
 """
 
@@ -22,9 +22,10 @@ from transformers import (
     pipeline,
 )
 
-from ..configuration import HourglassLlamaConfig, match_bottleneck_width
-from ..modeling import HourglassLlamaForCausalLM
-from .data import encode, random_batch, read_corpus, save_tokenizer, sequential_batches, split_text, train_tokenizer
+from ..configuration import BowtieFormerConfig, HourglassLlamaConfig, match_bottleneck_width
+from ..modeling import BowtieFormerForCausalLM, HourglassLlamaForCausalLM
+from ..tokenization import save_tokenizer
+from .data import encode, random_batch, read_corpus, sequential_batches, split_text, train_tokenizer
 
 # The baseline: a Llama small enough to train for a few hundred steps on two CPU cores.
 BASELINE = dict(
@@ -33,6 +34,9 @@ BASELINE = dict(
 # The paper's 906M pair (1536 wide x 24 layers -> 2496 x 12, K = 4, sub-MLP 0.81 x hidden) scaled down: half as
 # deep, 1.625x as wide, same attention; the sub-MLP width is solved to match the baseline's non-embedding budget.
 HOURGLASS = dict(num_mlp_layers=4, num_hidden_layers=2, hidden_size=208)
+# An X-shaped BowtieFormer matched (as the paper counts) to the uniform model of the baseline's width and depth,
+# which with MLP ratio 4 is the baseline itself: widths 160 96 64 160.
+BOWTIE = dict(schedule="geometric", bottleneck_ratio=0.5, bottleneck_position=0.75, quantize_to=16, mlp_ratio=4)
 
 PROMPT = 'The "while" statement is used'  # its topic lies in the held-out slice of the default corpus
 VAL_FRACTION = 0.1
@@ -65,9 +69,12 @@ def model_configs(tokenizer, seq_len):
     )
     baseline = HourglassLlamaConfig(**fields)
     hourglass = match_bottleneck_width(baseline, **HOURGLASS)
+    bowtie_fields = {key: value for key, value in fields.items() if key != "intermediate_size"}
+    bowtie = BowtieFormerConfig(**bowtie_fields, **BOWTIE)
     return {
         "llama": (LlamaForCausalLM, LlamaConfig(**fields), baseline),
         "hourglass_llama": (HourglassLlamaForCausalLM, hourglass, hourglass),
+        "bowtieformer": (BowtieFormerForCausalLM, bowtie, bowtie),
     }
 
 
