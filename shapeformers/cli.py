@@ -5,8 +5,40 @@ subparser's `handler`, so a new command is one more `add_parser` block.
 """
 
 import argparse
+import json
+import sys
 
 from .training import demo
+
+CONVERT_HELP = """\
+Convert a checkpoint into an HourglassLlama or BowtieFormer Hub folder (with its code, tokenizer and generation
+config), or export one of ours back to a foreign format with --to.
+
+Sources (--from; recognised from SRC when omitted):
+  lm_engine     official ><former (BowtieFormer) training code, model_type "width_varying" -> BowtieFormer
+  hourglass_lm  official Hourglass_LM Hugging Face port (model_type "llama" + num_mlp_layers) -> HourglassLlama
+  llama         transformers Llama folder (single or sharded safetensors) -> HourglassLlama with K = 1
+  granite       transformers Granite folder -> BowtieFormer with uniform widths
+  llama2c       llama2.c checkpoint file (legacy format) + its tokenizer .bin -> HourglassLlama with K = 1
+
+Exports (--to): lm_engine, hourglass_lm, llama (K = 1 only), granite (uniform widths only).
+
+The destination is written atomically: it appears complete or not at all. Examples:
+  shapeformers convert path/to/llama-folder out/hourglass-k1 --verify
+  shapeformers convert stories260K.bin out/stories260K --tokenizer tok512.bin
+  shapeformers convert out/hourglass-k1 out/llama-again --to llama
+"""
+
+
+def run_convert(args):
+    from .conversion import ConversionError, convert
+
+    try:
+        report = convert(args.source, args.destination, args.from_format, args.to_format, args.tokenizer,
+                         args.dtype, args.verify)
+    except ConversionError as error:
+        sys.exit(f"shapeformers convert: error: {error}")
+    print(json.dumps(report, indent=2))
 
 
 def build_parser():
@@ -15,12 +47,29 @@ def build_parser():
 
     demo_parser = commands.add_parser(
         "demo",
-        help="train, save, reload and compare a tiny HourglassLlama and Llama on CPU",
+        help="train, save, reload and compare a tiny Llama, HourglassLlama and BowtieFormer on CPU",
         description=demo.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(handler=demo.run)
+
+    convert_parser = commands.add_parser(
+        "convert",
+        help="convert lm_engine, Hourglass_LM, Llama, Granite or llama2.c checkpoints (and back)",
+        description=CONVERT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    formats = ("lm_engine", "hourglass_lm", "llama", "granite", "llama2c")
+    convert_parser.add_argument("source", metavar="SRC", help="checkpoint folder or llama2.c file")
+    convert_parser.add_argument("destination", metavar="DST", help="new folder to write (must not exist)")
+    convert_parser.add_argument("--from", dest="from_format", choices=formats, help="source format")
+    convert_parser.add_argument("--to", dest="to_format", choices=formats[:4], help="export one of ours to this")
+    convert_parser.add_argument("--tokenizer", help="llama2.c tokenizer .bin (default: found beside SRC)")
+    convert_parser.add_argument("--dtype", help="cast weights to this dtype (default: keep the source's)")
+    convert_parser.add_argument("--verify", action="store_true",
+                                help="compare logits with the source's transformers implementation; fail above 1e-4")
+    convert_parser.set_defaults(handler=run_convert)
     return parser
 
 

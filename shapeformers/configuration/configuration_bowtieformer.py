@@ -60,22 +60,15 @@ def matched_base_width(multipliers, hidden_size, cost_per_width_squared):
     raise ValueError("no base width matches the uniform parameter count")  # unreachable for valid schedules
 
 
-def solve_layer_widths(
-    hidden_size, num_layers, schedule, bottleneck_ratio, bottleneck_position, symmetric, quantize_to, mlp_ratio
-):
-    """Per-layer widths of a schedule whose narrowest layer has width `bottleneck_ratio * hidden_size` at layer
-    round(bottleneck_position * num_layers), parameter-matched to the uniform model of width `hidden_size`
-    (MODELS.md §2.1, reproduces the paper's published widths exactly)."""
-    if schedule == "uniform":
-        return [hidden_size] * num_layers
+def solve_schedule(hidden_size, num_layers, schedule, bottleneck_ratio, bottleneck_position, symmetric, mlp_ratio):
+    """(bottleneck layer k, per-layer step, base width rounded to an integer) of a "geometric" or "arithmetic"
+    schedule whose narrowest layer, the 1-indexed k = round(bottleneck_position * num_layers), has width
+    `bottleneck_ratio * hidden_size`, parameter-matched to the uniform model of width `hidden_size` (MODELS.md §2.1)."""
     k = math.floor(bottleneck_position * num_layers + 0.5)
     cost = 4 + 3 * mlp_ratio
 
-    def multipliers(step):
-        return schedule_multipliers(schedule, num_layers, k, step, symmetric)
-
     def narrowest(step):
-        c = multipliers(step)
+        c = schedule_multipliers(schedule, num_layers, k, step, symmetric)
         return matched_base_width(c, hidden_size, cost) * min(c)
 
     # The bottleneck narrows monotonically as the step shrinks (geometric) or grows more negative (arithmetic).
@@ -84,9 +77,21 @@ def solve_layer_widths(
         middle = (low + high) / 2
         low, high = (low, middle) if narrowest(middle) > bottleneck_ratio * hidden_size else (middle, high)
     step = (low + high) / 2
-    c = multipliers(step)
+    c = schedule_multipliers(schedule, num_layers, k, step, symmetric)
+    return k, step, round(matched_base_width(c, hidden_size, cost))
+
+
+def solve_layer_widths(
+    hidden_size, num_layers, schedule, bottleneck_ratio, bottleneck_position, symmetric, quantize_to, mlp_ratio
+):
+    """Per-layer widths of `schedule` (see solve_schedule), quantized; reproduces the paper's published widths."""
+    if schedule == "uniform":
+        return [hidden_size] * num_layers
+    k, step, base = solve_schedule(
+        hidden_size, num_layers, schedule, bottleneck_ratio, bottleneck_position, symmetric, mlp_ratio
+    )
+    c = schedule_multipliers(schedule, num_layers, k, step, symmetric)
     # Round the base first, then rebuild step by step as the official code does, then quantize each width.
-    base = round(matched_base_width(c, hidden_size, cost))
     widths, width = [], float(base)
     for l in range(num_layers):
         if l > 0:
