@@ -18,6 +18,7 @@ from .configuration import (
 )
 from .modeling import (
     BowtieFormerForCausalLM,
+    BowtieFormerForSequenceClassification,
     BowtieFormerModel,
     BowtieFormerPreTrainedModel,
     HourglassLlamaForCausalLM,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 AutoConfig.register(BowtieFormerConfig.model_type, BowtieFormerConfig, exist_ok=True)
 AutoModel.register(BowtieFormerConfig, BowtieFormerModel, exist_ok=True)
 AutoModelForCausalLM.register(BowtieFormerConfig, BowtieFormerForCausalLM, exist_ok=True)
+AutoModelForSequenceClassification.register(BowtieFormerConfig, BowtieFormerForSequenceClassification, exist_ok=True)
 AutoConfig.register(HourglassLlamaConfig.model_type, HourglassLlamaConfig, exist_ok=True)
 AutoModel.register(HourglassLlamaConfig, HourglassLlamaModel, exist_ok=True)
 AutoModelForCausalLM.register(HourglassLlamaConfig, HourglassLlamaForCausalLM, exist_ok=True)
@@ -41,6 +43,7 @@ __all__ = [
     "BOWTIEFORMER_PRESETS",
     "BowtieFormerConfig",
     "BowtieFormerForCausalLM",
+    "BowtieFormerForSequenceClassification",
     "BowtieFormerModel",
     "BowtieFormerPreTrainedModel",
     "HOURGLASS_LLAMA_PRESETS",

@@ -70,6 +70,62 @@ def build_parser():
     convert_parser.add_argument("--verify", action="store_true",
                                 help="compare logits with the source's transformers implementation; fail above 1e-4")
     convert_parser.set_defaults(handler=run_convert)
+
+    from .eval import command as eval_command  # options only: lm-eval is imported when `eval` runs
+
+    eval_parser = commands.add_parser(
+        "eval",
+        help="lm-eval tasks (ARC, HellaSwag, PIQA, offline from local files too) and perplexity, to a results JSON",
+        description=eval_command.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    eval_command.add_arguments(eval_parser)
+    eval_parser.set_defaults(handler=eval_command.run)
+
+    # `card` and `publish` (shapeformers/publishing.py, imported only when one of them runs) share the card options.
+    card_options = argparse.ArgumentParser(add_help=False)
+    card_options.add_argument("model_dir", metavar="MODEL_DIR", help="model folder written by save_pretrained")
+    card_options.add_argument("--results", help="results JSON of `shapeformers eval` or lm-eval, for the model-index")
+    card_options.add_argument("--base-model", help="Hub id of the model this one was converted from")
+    card_options.add_argument("--license", help="license of the weights (default: the card's, else apache-2.0)")
+    card_options.add_argument("--baseline", metavar="CONFIG",
+                              help="config.json (or folder) of the baseline to compare with, instead of the "
+                                   "parameter-matched one (uniform BowtieFormer, K = 1 HourglassLlama)")  # fmt: skip
+
+    def run_card(args):
+        from .publishing import card_command
+
+        card_command(args)
+
+    card_parser = commands.add_parser(
+        "card",
+        parents=[card_options],
+        help="write a model card (README.md + PNG pictures) into a model folder",
+        description="Write MODEL_DIR/README.md from model_cards/template.md: Hub metadata, usage, cost table against "
+        "the parameter-matched baseline, evaluation results, and pictures beside it.",
+    )
+    card_parser.add_argument("--repo-id", help="Hub id to show in the usage snippet (default: your-org/<folder>)")
+    card_parser.set_defaults(handler=run_card)
+
+    def run_publish(args):
+        from .publishing import publish_command
+
+        publish_command(args)
+
+    publish_parser = commands.add_parser(
+        "publish",
+        parents=[card_options],
+        help="write the card, check that the folder loads without shapeformers, upload it to the Hugging Face Hub",
+        description="Write the model card (as `shapeformers card`), check MODEL_DIR as a Hub user will meet it "
+        "(loads through its remote code in a Python without shapeformers; tokenizer, generation config and card "
+        "present), then upload it with huggingface_hub (log in with `hf auth login` or set HF_TOKEN).",
+    )
+    publish_parser.add_argument("--repo-id", required=True, help="Hub repository, org/name (created if missing)")
+    publish_parser.add_argument("--private", action="store_true", help="create the repository as private")
+    publish_parser.add_argument("--dry-run", action="store_true", help="do everything but the upload")
+    publish_parser.add_argument("--keep-card", action="store_true", help="upload the folder's README.md as it is")
+    publish_parser.add_argument("--commit-message", help="commit message on the Hub")
+    publish_parser.set_defaults(handler=run_publish)
     return parser
 
 

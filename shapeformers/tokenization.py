@@ -12,4 +12,6 @@ def save_tokenizer(tokenizer, directory):
     config = json.loads(config_path.read_text())
     if config.get("tokenizer_class") in (None, "TokenizersBackend"):
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        # 4.x's PreTrainedTokenizerFast would otherwise also return token_type_ids, which generate() refuses.
+        config.setdefault("model_input_names", ["input_ids", "attention_mask"])
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

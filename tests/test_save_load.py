@@ -54,6 +54,7 @@ EXPECTED_AUTO_MAPS = {
         "AutoConfig": "configuration_bowtieformer.BowtieFormerConfig",
         "AutoModel": "modeling_bowtieformer.BowtieFormerModel",
         "AutoModelForCausalLM": "modeling_bowtieformer.BowtieFormerForCausalLM",
+        "AutoModelForSequenceClassification": "modeling_bowtieformer.BowtieFormerForSequenceClassification",
     },
 }
 

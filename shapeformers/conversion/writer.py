@@ -4,6 +4,7 @@ write a Hub folder (config, sharded safetensors, remote code, generation config,
 import shutil
 
 import torch
+from huggingface_hub import ModelCardData
 from transformers import GenerationConfig
 
 from ..modeling import BowtieFormerForCausalLM, HourglassLlamaForCausalLM
@@ -72,3 +73,6 @@ def write_checkpoint(checkpoint, destination, dtype=None, max_shard_bytes=DEFAUL
             for name in TOKENIZER_FILES:
                 if (checkpoint.tokenizer_dir / name).exists():
                     shutil.copy2(checkpoint.tokenizer_dir / name, folder / name)
+        if checkpoint.base_model:  # card metadata that `shapeformers card` / `publish` keep
+            metadata = ModelCardData(base_model=checkpoint.base_model, library_name="transformers").to_yaml()
+            (folder / "README.md").write_text(f"---\n{metadata}\n---\n")

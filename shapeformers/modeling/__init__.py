@@ -1,4 +1,9 @@
-from .modeling_bowtieformer import BowtieFormerForCausalLM, BowtieFormerModel, BowtieFormerPreTrainedModel
+from .modeling_bowtieformer import (
+    BowtieFormerForCausalLM,
+    BowtieFormerForSequenceClassification,
+    BowtieFormerModel,
+    BowtieFormerPreTrainedModel,
+)
 from .modeling_hourglass_llama import (
     HourglassLlamaForCausalLM,
     HourglassLlamaForSequenceClassification,
@@ -9,6 +14,7 @@ from .variable_width_cache import VariableWidthCache
 
 __all__ = [
     "BowtieFormerForCausalLM",
+    "BowtieFormerForSequenceClassification",
     "BowtieFormerModel",
     "BowtieFormerPreTrainedModel",
     "HourglassLlamaForCausalLM",

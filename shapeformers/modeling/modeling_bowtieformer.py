@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..configuration.configuration_bowtieformer import BowtieFormerConfig
@@ -97,6 +97,7 @@ class BowtieFormerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     _remote_code_auto_classes = {
         "AutoModel": "BowtieFormerModel",
         "AutoModelForCausalLM": "BowtieFormerForCausalLM",
+        "AutoModelForSequenceClassification": "BowtieFormerForSequenceClassification",
     }
 
 
@@ -230,4 +231,21 @@ class BowtieFormerForCausalLM(CausalLMMixin, BowtieFormerPreTrainedModel, Genera
             model_kwargs[CACHE_FIELD] = VariableWidthCache(self.config)
 
 
-__all__ = ["BowtieFormerPreTrainedModel", "BowtieFormerModel", "BowtieFormerForCausalLM", "VariableWidthCache"]
+class BowtieFormerForSequenceClassification(GenericForSequenceClassification, BowtieFormerPreTrainedModel):
+    def __init__(self, config):
+        # As HourglassLlamaForSequenceClassification: the generic __init__ builds the backbone through AutoModel,
+        # which does not know this class when it is loaded as remote code.
+        BowtieFormerPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = BowtieFormerModel(config)
+        self.score = nn.Linear(config.hidden_size, self.num_labels, bias=False)
+        self.post_init()
+
+
+__all__ = [
+    "BowtieFormerPreTrainedModel",
+    "BowtieFormerModel",
+    "BowtieFormerForCausalLM",
+    "BowtieFormerForSequenceClassification",
+    "VariableWidthCache",
+]

@@ -7,8 +7,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ..tokenization import save_tokenizer  # noqa: F401  (the demo saves through it)
-
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 
 
@@ -43,7 +41,15 @@ def train_tokenizer(text, vocab_size):
         show_progress=False,
     )
     tokenizer.train_from_iterator(text.splitlines(keepends=True), trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+    # Left padding, so that batched generation continues every prompt from its last token on every release.
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def encode(tokenizer, text):
