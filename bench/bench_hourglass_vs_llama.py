@@ -29,6 +29,7 @@ import time
 import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
+from timing import compare  # noqa: E402  (bench/timing.py, beside this script)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, when not installed
 from shapeformers import HourglassLlamaConfig, HourglassLlamaForCausalLM  # noqa: E402
@@ -97,33 +98,7 @@ llama.to(device=device, dtype=dtype)
 models = {"HourglassLlama": hourglass, "Llama": llama}
 
 # -----------------------------------------------------------------------------
-# timing
-
-
-def sync():
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn):
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t0
-
-
-def compare(fns):
-    """Seconds per repeat for each model: warm-up first, then the models interleaved, alternating who goes first."""
-    for _ in range(args.warmup):
-        for fn in fns.values():
-            fn()
-    times = {name: [] for name in fns}
-    for r in range(args.repeats):
-        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-            times[name].append(timed(fns[name]))
-    return times
-
+# workloads
 
 prompts = torch.randint(3, args.vocab, (args.batch, args.seq_len), device=device)
 decode_prompt = torch.randint(3, args.vocab, (args.decode_batch, 16), device=device)
@@ -168,11 +143,17 @@ print(
 )
 print(f"logits max |diff| in float32: {max_diff:.2e}")
 
-prefill_s = compare({name: lambda m=m: prefill(m) for name, m in models.items()})
-decode_s = compare({name: lambda m=m, n=name: decode(m, n) for name, m in models.items()})
+prefill_s = compare(
+    {name: lambda m=m: prefill(m) for name, m in models.items()}, args.warmup, args.repeats, device
+)
+decode_s = compare(
+    {name: lambda m=m, n=name: decode(m, n) for name, m in models.items()}, args.warmup, args.repeats, device
+)
 for model in models.values():
     model.train()  # dropout is 0, so train mode only changes what transformers does, not the math
-train_s = compare({name: lambda m=m, n=name: train_step(m, n) for name, m in models.items()})
+train_s = compare(
+    {name: lambda m=m, n=name: train_step(m, n) for name, m in models.items()}, args.warmup, args.repeats, device
+)
 
 # -----------------------------------------------------------------------------
 # report
