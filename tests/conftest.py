@@ -2,13 +2,15 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tiny models run fastest on one thread, and a busy machine's cores do not slow them down 10x by oversubscription.
+# Subprocesses inherit it, so logits computed there match this process's bit for bit.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import shapeformers  # noqa: E402
 
-# Tiny models run fastest on one thread, and a busy machine's cores do not slow them down 10x by oversubscription.
 torch.set_num_threads(1)
 
 LLAMA3_SCALING = {
