@@ -45,7 +45,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F

@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import transformers

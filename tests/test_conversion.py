@@ -2,7 +2,6 @@
 shared writer's checks, and atomic output."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

@@ -125,7 +125,7 @@ def llama2c_logits(path, tokens):
     head with theta 10000, grouped-query attention over the cache, SwiGLU, classifier."""
     p, w = read_llama2c_plainly(path)
     w = {name: array.astype(np.float64) for name, array in w.items()}
-    dim, hs = p["dim"], p["head_size"]
+    hs = p["head_size"]
     kv_mul = p["heads"] // p["kv_heads"]
 
     def rmsnorm(x, weight):
