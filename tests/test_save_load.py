@@ -156,6 +156,7 @@ def test_remote_code_loads_without_shapeformers(any_model, tmp_path):
     repo_id = f"shapeformers-test/tiny-{any_model.config.model_type}"
     env = dict(
         os.environ,
+        OMP_NUM_THREADS=str(torch.get_num_threads()),  # the same reduction order as here: bit-identical logits
         HF_HUB_OFFLINE="1",
         HF_HUB_CACHE=str(hub_cache(tmp_path, folder, repo_id)),
         HF_MODULES_CACHE=str(tmp_path / "modules"),

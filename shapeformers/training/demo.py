@@ -6,7 +6,6 @@ folder (ours carry their own code); reload both through the Auto classes with
 `trust_remote_code=True`; generate through a `pipeline`; print one comparison table.
 """
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -160,7 +159,6 @@ def format_table(rows):
 
 def run(args):
     transformers.utils.logging.disable_progress_bar()  # keep the log to the steps, the samples and the table
-    torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     train_text, val_text = split_text(read_corpus(args.corpus), VAL_FRACTION)
     tokenizer = train_tokenizer(train_text, args.vocab_size)  # on the training slice only: validation stays unseen
     train_ids, val_ids = encode(tokenizer, train_text), encode(tokenizer, val_text)
