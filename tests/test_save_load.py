@@ -3,6 +3,7 @@ that cannot import it, from a folder and by repo id from a local Hugging Face ca
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,6 +67,14 @@ def test_folder_is_a_self_contained_remote_code_bundle(any_model, tmp_path):
     assert config["auto_map"] == EXPECTED_AUTO_MAPS[model_type]
     code = {path.name: path.read_text() for path in tmp_path.glob("*.py")}
     assert {f"configuration_{model_type}.py", f"modeling_{model_type}.py"} <= set(code)
+    # transformers 4.57 copies only the files that the config and model files import themselves; a helper reached
+    # only through another helper is missing from its module cache at load time.
+    def relative_imports(name):
+        return set(re.findall(r"^from \.(\w+) import", code[name], flags=re.MULTILINE))
+
+    direct = relative_imports(f"configuration_{model_type}.py") | relative_imports(f"modeling_{model_type}.py")
+    for name in code:
+        assert relative_imports(name) <= direct, f"{name} imports helpers the entry files do not import themselves"
     for name, text in code.items():
         for line in text.splitlines():
             if line.startswith(("import ", "from ")):

@@ -4,7 +4,9 @@ On the Hub a model folder must carry its own code: flat `configuration_*.py` / `
 each other with single-dot relative imports, plus `auto_map` in config.json. transformers' own copier does not
 follow our one cross-folder import (`from ..configuration.X import`), so this module writes the folder itself.
 It runs from the package and from such a folder alike (a model loaded with trust_remote_code saves the same way),
-so it imports only the standard library.
+so it imports only the standard library. transformers 4.57 copies into its module cache only the files that the
+configuration and modeling files import themselves, so every helper must be imported directly by one of them (a test
+checks it).
 """
 
 import json
