@@ -8,9 +8,8 @@ import math
 
 import torch
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
-from .configuration_common import check_positive_int, dtype_bytes, normalize_rope_parameters
+from .configuration_common import check_llama_fields, check_positive_int, dtype_bytes, normalize_rope_parameters
 
 SCHEDULES = ("uniform", "geometric", "arithmetic")
 RESIZE_MODES = ("carry_forward", "zero")
@@ -189,8 +188,7 @@ class BowtieFormerConfig(PretrainedConfig):
                 raise ValueError(f"`{name}` must be one of {list(allowed)}, got {value!r}")
         if ffn_type == "swiglu" and num_mlp_layers != 1:
             raise ValueError(f"`num_mlp_layers` must be 1 with ffn_type 'swiglu', got {num_mlp_layers}")
-        if hidden_act not in ACT2FN:
-            raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {hidden_act!r}")
+        check_llama_fields(hidden_act, rms_norm_eps, initializer_range, attention_dropout)
         if not mlp_ratio > 0:
             raise ValueError(f"`mlp_ratio` must be > 0, got {mlp_ratio!r}")
 
@@ -234,13 +232,8 @@ class BowtieFormerConfig(PretrainedConfig):
             ("embedding_multiplier", embedding_multiplier),
             ("residual_multiplier", residual_multiplier),
             ("logits_scaling", logits_scaling),
-            ("rms_norm_eps", rms_norm_eps),
         ]:
             self._check_positive_float(name, value)
-        if not initializer_range >= 0:
-            raise ValueError(f"`initializer_range` must be >= 0, got {initializer_range!r}")
-        if not 0 <= attention_dropout < 1:
-            raise ValueError(f"`attention_dropout` must be in [0, 1), got {attention_dropout!r}")
 
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size

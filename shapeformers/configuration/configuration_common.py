@@ -1,6 +1,7 @@
 """Validation helpers shared by the configurations; copied flat into saved model folders beside them."""
 
 import torch
+from transformers.activations import ACT2FN
 
 # RoPE types whose frequencies transformers computes from the config alone, with the keys each one requires.
 ROPE_REQUIRED_KEYS = {
@@ -48,3 +49,15 @@ def dtype_bytes(dtype):
             raise ValueError(f"`dtype` must name a torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
         dtype = getattr(torch, name)
     return torch.empty((), dtype=dtype).element_size()
+
+
+def check_llama_fields(hidden_act, rms_norm_eps, initializer_range, attention_dropout):
+    """The checks of the fields both configurations share with Llama."""
+    if hidden_act not in ACT2FN:
+        raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {hidden_act!r}")
+    if not rms_norm_eps > 0:
+        raise ValueError(f"`rms_norm_eps` must be > 0, got {rms_norm_eps!r}")
+    if not initializer_range >= 0:
+        raise ValueError(f"`initializer_range` must be >= 0, got {initializer_range!r}")
+    if not 0 <= attention_dropout < 1:
+        raise ValueError(f"`attention_dropout` must be in [0, 1), got {attention_dropout!r}")

@@ -6,9 +6,8 @@ its siblings.
 
 import torch
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
-from .configuration_common import check_positive_int, dtype_bytes, normalize_rope_parameters
+from .configuration_common import check_llama_fields, check_positive_int, dtype_bytes, normalize_rope_parameters
 
 
 class HourglassLlamaConfig(PretrainedConfig):
@@ -104,14 +103,7 @@ class HourglassLlamaConfig(PretrainedConfig):
         for k, size in enumerate(mlp_intermediate_sizes):
             check_positive_int(f"mlp_intermediate_sizes[{k}]", size)
 
-        if hidden_act not in ACT2FN:
-            raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {hidden_act!r}")
-        if not rms_norm_eps > 0:
-            raise ValueError(f"`rms_norm_eps` must be > 0, got {rms_norm_eps!r}")
-        if not initializer_range >= 0:
-            raise ValueError(f"`initializer_range` must be >= 0, got {initializer_range!r}")
-        if not 0 <= attention_dropout < 1:
-            raise ValueError(f"`attention_dropout` must be in [0, 1), got {attention_dropout!r}")
+        check_llama_fields(hidden_act, rms_norm_eps, initializer_range, attention_dropout)
 
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size

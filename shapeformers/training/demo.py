@@ -1,9 +1,9 @@
 """`shapeformers demo`: the whole story in a few CPU minutes, offline.
 
 Train a byte-level BPE tokenizer on a small English corpus; build a tiny Llama, an HourglassLlama with the same
-number of non-embedding parameters and an X-shaped BowtieFormer matched to it as the paper counts; train both with the same seed, data order and schedule; save each as a Hub
-folder (ours carry their own code); reload both through the Auto classes with
-`trust_remote_code=True`; generate through a `pipeline`; print one comparison table.
+number of non-embedding parameters and an X-shaped BowtieFormer matched to it as the paper counts; train all three
+with the same seed, data order and schedule; save each as a Hub folder (ours carry their own code); reload them
+through the Auto classes with `trust_remote_code=True`; generate through a `pipeline`; print one comparison table.
 """
 
 import shutil
