@@ -15,10 +15,11 @@ gathered input batch; OUT/run.json says how the step ran.
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, InitProcessGroupKwargs
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -31,7 +32,8 @@ LEARNING_RATE = 0.1
 
 def main():
     output, batch_path, *folders = sys.argv[1:]
-    accelerator = Accelerator()
+    # A collective that cannot connect fails after two minutes with gloo's own error, instead of hanging the test.
+    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=2))])
     batch = load_file(batch_path)["input_ids"]  # [global batch, seq]
     per_process = len(batch) // accelerator.num_processes
     for index, folder in enumerate(folders):

@@ -105,9 +105,15 @@ def test_accelerate_data_parallel_step_equals_one_process_on_the_whole_batch(tmp
         "--main_process_port", str(free_port()), "--monitor_interval", "1",
         str(DDP_SCRIPT), str(tmp_path / "out"), str(tmp_path / "batch.safetensors"), *folders,
     ]  # fmt: skip
-    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+    # GLOO_SOCKET_IFNAME: gloo otherwise picks the address the host name resolves to, which on some machines is
+    # not reachable from a sandboxed process, and the DDP broadcast then waits forever.
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
                HF_HOME=str(tmp_path / "hf"), HF_MODULES_CACHE=str(tmp_path / "modules"))  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    try:
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as timeout:  # its stderr is bytes even with text=True
+        stderr = (timeout.stderr or b"").decode(errors="replace")
+        pytest.fail(f"accelerate launch did not finish in 300 s; its stderr ends with:\n{stderr[-4000:]}")
     assert result.returncode == 0, result.stderr[-4000:]
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run == {"num_processes": 2, "distributed_type": "DistributedType.MULTI_CPU", "backend": "gloo"}
