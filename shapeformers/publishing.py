@@ -11,6 +11,7 @@ Every number comes from the configs' accounting (and the per-layer split from th
 device), never from a second formula.
 """
 
+import importlib.resources
 import json
 import os
 import subprocess
@@ -22,7 +23,8 @@ from pathlib import Path
 from .modeling.bundle import atomic_write_text
 
 OUR_MODEL_TYPES = ("hourglass_llama", "bowtieformer")
-TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "template.md"
+# The repository's model_cards/template.md, installed as the package `shapeformers.model_cards` (setup.cfg).
+TEMPLATE = importlib.resources.files("shapeformers.model_cards") / "template.md"
 DEFAULT_LICENSE = "apache-2.0"
 CARD_SEQUENCE_LENGTH = 2048  # FLOPs per token are quoted at this context length, or the model's maximum if shorter
 KV_DTYPE = "bfloat16"
@@ -361,7 +363,7 @@ def render_card(folder, repo_id=None, results=None, base_model=None, license=Non
     config = load_config(folder)
     template = Path(template) if template else TEMPLATE
     if not template.is_file():
-        raise PublishError(f"card template {template} not found (it ships in the repository's model_cards/)")
+        raise PublishError(f"card template {template} not found")
 
     readme = folder / "README.md"
     previous = ModelCard.load(readme, ignore_metadata_errors=True).data if readme.is_file() else ModelCardData()
