@@ -35,7 +35,7 @@ def run_convert(args):
 
     try:
         report = convert(args.source, args.destination, args.from_format, args.to_format, args.tokenizer,
-                         args.dtype, args.verify)
+                         args.dtype, args.verify, args.max_shard_size)
     except ConversionError as error:
         sys.exit(f"shapeformers convert: error: {error}")
     print(json.dumps(report, indent=2))
@@ -67,6 +67,8 @@ def build_parser():
     convert_parser.add_argument("--to", dest="to_format", choices=formats[:4], help="export one of ours to this")
     convert_parser.add_argument("--tokenizer", help="llama2.c tokenizer .bin (default: found beside SRC)")
     convert_parser.add_argument("--dtype", help="cast weights to this dtype (default: keep the source's)")
+    convert_parser.add_argument("--max-shard-size", metavar="SIZE",
+                                help="largest safetensors file written, e.g. 5GB or 500MB (default: 2GiB)")
     convert_parser.add_argument("--verify", action="store_true",
                                 help="compare logits with the source's transformers implementation; fail above 1e-4")
     convert_parser.set_defaults(handler=run_convert)

@@ -195,3 +195,23 @@ def test_command_line(llama_folder, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["to"] == "hourglass_llama"
     with pytest.raises(SystemExit, match="already exists"):
         main(["convert", str(llama_folder), str(tmp_path / "ours")])
+
+
+def test_max_shard_size_bounds_every_output_file(llama_folder, tmp_path, capsys):
+    llama_bytes = sum(path.stat().st_size for path in llama_folder.glob("*.safetensors"))
+    main(["convert", str(llama_folder), str(tmp_path / "ours"), "--max-shard-size", "30KB", "--verify"])
+    shards = sorted((tmp_path / "ours").glob("*.safetensors"))
+    # A shard holds at least one tensor; the largest here (the 101 x 48 embedding, 19 KB) is under the bound.
+    assert len(shards) > llama_bytes // 30_000 and all(path.stat().st_size <= 30_000 + 4096 for path in shards)
+    assert (tmp_path / "ours" / "model.safetensors.index.json").exists()
+
+    main(["convert", str(tmp_path / "ours"), str(tmp_path / "back"), "--to", "llama", "--max-shard-size", "1GB"])
+    assert [path.name for path in (tmp_path / "back").glob("*.safetensors")] == ["model.safetensors"]
+    original, back = all_tensors(llama_folder), all_tensors(tmp_path / "back")
+    assert original.keys() == back.keys() and all(torch.equal(original[name], back[name]) for name in original)
+    capsys.readouterr()
+
+    for bad in ("0", "-5MB", "large"):
+        with pytest.raises(SystemExit, match="max_shard_size must be a positive byte count"):
+            main(["convert", str(llama_folder), str(tmp_path / "refused"), f"--max-shard-size={bad}"])
+    assert not (tmp_path / "refused").exists()

@@ -7,10 +7,11 @@ One module per source format, each reading a checkpoint into a config plus lazy 
 from pathlib import Path
 
 import torch
+from accelerate.utils import convert_file_size_to_int
 
 from .granite import export_granite, read_granite
 from .hourglass_lm import export_hourglass_lm, is_hourglass_lm, read_hourglass_lm
-from .io import Checkpoint, ConversionError, read_json
+from .io import DEFAULT_MAX_SHARD_BYTES, Checkpoint, ConversionError, read_json
 from .llama import export_llama, read_llama
 from .llama2c import read_llama2c
 from .lm_engine import export_lm_engine, read_lm_engine
@@ -63,21 +64,37 @@ def parse_dtype(name):
     return dtype
 
 
-def convert(source, destination, from_format=None, to_format=None, tokenizer=None, dtype=None, verify=False):
+def parse_shard_size(size):
+    """Bytes from a byte count or a size in transformers' spelling ("5GB", "500MiB"); None gives the default."""
+    if size is None:
+        return DEFAULT_MAX_SHARD_BYTES
+    try:
+        size_bytes = int(size) if str(size).isdigit() else convert_file_size_to_int(size)
+    except ValueError:
+        size_bytes = 0
+    if not (isinstance(size_bytes, int) and size_bytes > 0):
+        raise ConversionError(f"max_shard_size must be a positive byte count or a size such as '5GB'; got {size!r}")
+    return size_bytes
+
+
+def convert(source, destination, from_format=None, to_format=None, tokenizer=None, dtype=None, verify=False,
+            max_shard_size=None):  # fmt: skip
     """Convert `source` into `destination` and return a report (a dict).
 
     Without `to_format`: a foreign checkpoint (format `from_format`, detected when None) becomes one of our Hub
     folders. With `to_format`: one of our folders is exported to that foreign format. `verify` then runs the other
     side's transformers implementation, where there is one, on the same random tokens and fails above tolerance.
+    `max_shard_size` bounds each output safetensors file (default 2 GiB).
     """
     detected = from_format or detect_format(source)
     dtype = parse_dtype(dtype)
+    max_shard_bytes = parse_shard_size(max_shard_size)
     if to_format is not None:
         if to_format not in EXPORTERS:
             raise ConversionError(f"--to must be one of {tuple(EXPORTERS)}, got {to_format!r}")
         if detected != "shapeformers":
             raise ConversionError(f"--to exports one of our folders; {source} is a {detected!r} checkpoint")
-        EXPORTERS[to_format](source, destination, dtype=dtype)
+        EXPORTERS[to_format](source, destination, dtype=dtype, max_shard_bytes=max_shard_bytes)
         report = {"from": "shapeformers", "to": to_format, "destination": str(destination)}
         if verify:
             report["verify"] = verify_logits(destination, to_format, source)
@@ -87,7 +104,7 @@ def convert(source, destination, from_format=None, to_format=None, tokenizer=Non
     if tokenizer is not None and detected != "llama2c":
         raise ConversionError("--tokenizer is for llama2.c checkpoints; other formats carry their tokenizer files")
     checkpoint = read_llama2c(source, tokenizer) if detected == "llama2c" else READERS[detected](source)
-    write_checkpoint(checkpoint, destination, dtype=dtype)
+    write_checkpoint(checkpoint, destination, dtype=dtype, max_shard_bytes=max_shard_bytes)
     report = {"from": detected, "to": checkpoint.config.model_type, "destination": str(destination)}
     if verify:
         report["verify"] = verify_logits(source, detected, destination)

@@ -4,7 +4,9 @@ names."""
 from pathlib import Path
 
 from ..configuration import BowtieFormerConfig
-from .io import Checkpoint, ConversionError, read_json, renamed, safetensors_loaders, write_foreign_folder
+from .io import (
+    DEFAULT_MAX_SHARD_BYTES, Checkpoint, ConversionError, read_json, renamed, safetensors_loaders, write_foreign_folder,
+)
 from .llama import model_fields, tied_head_dropped, with_both_rope_spellings
 
 # BowtieFormer fields that a Granite cannot vary, with the value a Granite has.
@@ -30,7 +32,7 @@ def _uniform(value, name, folder):
     return value
 
 
-def export_granite(folder, destination, dtype=None):
+def export_granite(folder, destination, dtype=None, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):
     """Write one of our BowtieFormer folders with equal widths (all equal to hidden_size) as a Granite folder."""
     folder = Path(folder)
     ours = read_json(folder / "config.json")
@@ -47,4 +49,4 @@ def export_granite(folder, destination, dtype=None):
         config["attention_multiplier"] = (ours["hidden_size"] // config["num_attention_heads"]) ** -0.5
     config.update(model_type="granite", architectures=["GraniteForCausalLM"])
     with_both_rope_spellings(config)
-    write_foreign_folder(folder, destination, config, safetensors_loaders(folder), dtype)
+    write_foreign_folder(folder, destination, config, safetensors_loaders(folder), dtype, max_shard_bytes)

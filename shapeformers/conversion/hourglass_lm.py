@@ -6,7 +6,9 @@ stock transformers would load it as a plain Llama and leave the sub-MLPs random;
 from pathlib import Path
 
 from ..configuration import HourglassLlamaConfig
-from .io import Checkpoint, ConversionError, read_json, renamed, safetensors_loaders, write_foreign_folder
+from .io import (
+    DEFAULT_MAX_SHARD_BYTES, Checkpoint, ConversionError, read_json, renamed, safetensors_loaders, write_foreign_folder,
+)
 from .llama import model_fields, tied_head_dropped, with_both_rope_spellings
 
 
@@ -29,7 +31,7 @@ def read_hourglass_lm(folder):
     return Checkpoint(config=config, tensors=tensors, tokenizer_dir=folder, base_model=source.get("_name_or_path") or None)
 
 
-def export_hourglass_lm(folder, destination, dtype=None):
+def export_hourglass_lm(folder, destination, dtype=None, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):
     """Write one of our HourglassLlama folders in the official port's layout."""
     folder = Path(folder)
     ours = read_json(folder / "config.json")
@@ -38,4 +40,4 @@ def export_hourglass_lm(folder, destination, dtype=None):
     config = model_fields(ours)
     config.update(model_type="llama", architectures=["LlamaForCausalLM"])
     with_both_rope_spellings(config)
-    write_foreign_folder(folder, destination, config, safetensors_loaders(folder), dtype)
+    write_foreign_folder(folder, destination, config, safetensors_loaders(folder), dtype, max_shard_bytes)

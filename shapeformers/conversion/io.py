@@ -153,12 +153,14 @@ def renamed(loaders, rename):
     return result
 
 
-def write_foreign_folder(source_folder, destination, config, loaders, dtype=None):
+def write_foreign_folder(
+    source_folder, destination, config, loaders, dtype=None, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES
+):
     """Export: write `config` (a dict, saved as config.json) and `loaders`' tensors as a Hugging Face folder in some
     other format, atomically, with the source folder's tokenizer and generation config copied alongside."""
     source_folder = Path(source_folder)
     with atomic_folder(destination) as folder:
-        write_safetensors(folder, loaders, dtype)
+        write_safetensors(folder, loaders, dtype, max_shard_bytes)
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for path in source_folder.iterdir():
             if path.name.startswith("tokenizer") or path.name in ("special_tokens_map.json", "generation_config.json"):

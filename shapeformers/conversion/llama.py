@@ -5,7 +5,9 @@ import re
 from pathlib import Path
 
 from ..configuration import HourglassLlamaConfig
-from .io import Checkpoint, ConversionError, read_json, renamed, safetensors_loaders, write_foreign_folder
+from .io import (
+    DEFAULT_MAX_SHARD_BYTES, Checkpoint, ConversionError, read_json, renamed, safetensors_loaders, write_foreign_folder,
+)
 
 # Keys of a saved config that describe the file rather than the model.
 BOOKKEEPING_KEYS = ("model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "_name_or_path")
@@ -55,7 +57,7 @@ def read_llama(folder):
     return Checkpoint(config=config, tensors=tensors, tokenizer_dir=folder, base_model=source.get("_name_or_path") or None)
 
 
-def export_llama(folder, destination, dtype=None):
+def export_llama(folder, destination, dtype=None, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):
     """Write one of our HourglassLlama folders with K = 1 and no QK-norm as a transformers Llama folder."""
     folder = Path(folder)
     ours = read_json(folder / "config.json")
@@ -71,4 +73,4 @@ def export_llama(folder, destination, dtype=None):
     config.update(model_type="llama", architectures=["LlamaForCausalLM"])
     with_both_rope_spellings(config)
     tensors = renamed(safetensors_loaders(folder), lambda name: _OURS.sub(r".\1.", name))
-    write_foreign_folder(folder, destination, config, tensors, dtype)
+    write_foreign_folder(folder, destination, config, tensors, dtype, max_shard_bytes)

@@ -30,7 +30,10 @@ import torch
 
 from ..configuration import BowtieFormerConfig
 from ..configuration.configuration_bowtieformer import solve_layer_widths, solve_schedule
-from .io import Checkpoint, ConversionError, read_json, safetensors_headers, safetensors_loaders, write_foreign_folder
+from .io import (
+    DEFAULT_MAX_SHARD_BYTES, Checkpoint, ConversionError, read_json, safetensors_headers, safetensors_loaders,
+    write_foreign_folder,
+)
 from .writer import skeleton
 
 EXPAND_METHODS = {"move_up": "carry_forward", "zero": "zero"}  # lm_engine -> ours
@@ -505,7 +508,7 @@ def _fused_fc(up, gate):
     return lambda: torch.cat((up(), gate()), dim=0)  # up rows first (use_interleaved_weights false)
 
 
-def export_lm_engine(folder, destination, dtype=None):
+def export_lm_engine(folder, destination, dtype=None, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):
     """Write one of our BowtieFormer folders as an lm_engine width_varying folder (config.json + safetensors with
     fused c_attn and c_fc), atomically; refuse what the official code would load as a different model."""
     folder = Path(folder)
@@ -546,7 +549,7 @@ def export_lm_engine(folder, destination, dtype=None):
         tensors[theirs + "mlp_block.c_proj.weight"] = ours(layer + "mlp.down_proj.weight")
     tensors["transformer.ln_f.weight"] = ours("model.norm.weight")
     tensors["lm_head.weight"] = ours("lm_head.weight")
-    write_foreign_folder(folder, destination, lm_config, tensors, dtype)
+    write_foreign_folder(folder, destination, lm_config, tensors, dtype, max_shard_bytes)
 
 
 __all__ = ["export_lm_engine", "lm_engine_shapes", "official_widths", "read_lm_engine"]
