@@ -37,6 +37,8 @@ def main():
     batch = load_file(batch_path)["input_ids"]  # [global batch, seq]
     per_process = len(batch) // accelerator.num_processes
     for index, folder in enumerate(folders):
+        # On stderr, so that a test that times out can show how far each process got.
+        print(f"process {accelerator.process_index}: {folder}", file=sys.stderr, flush=True)
         model = AutoModelForCausalLM.from_pretrained(folder)  # registered by `import shapeformers`
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(batch), batch_size=per_process)

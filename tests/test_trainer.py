@@ -4,6 +4,7 @@ CPU (gloo) whose first step equals one process on the whole batch, `device_map="
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -109,12 +110,16 @@ def test_accelerate_data_parallel_step_equals_one_process_on_the_whole_batch(tmp
     # not reachable from a sandboxed process, and the DDP broadcast then waits forever.
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
                HF_HOME=str(tmp_path / "hf"), HF_MODULES_CACHE=str(tmp_path / "modules"))  # fmt: skip
+    # A session of its own, so that a timeout kills the launcher's worker processes too.
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)  # fmt: skip
     try:
-        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired as timeout:  # its stderr is bytes even with text=True
-        stderr = (timeout.stderr or b"").decode(errors="replace")
+        _, stderr = launcher.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        _, stderr = launcher.communicate()
         pytest.fail(f"accelerate launch did not finish in 300 s; its stderr ends with:\n{stderr[-4000:]}")
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert launcher.returncode == 0, stderr[-4000:]
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run == {"num_processes": 2, "distributed_type": "DistributedType.MULTI_CPU", "backend": "gloo"}
 
