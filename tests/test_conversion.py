@@ -215,3 +215,17 @@ def test_max_shard_size_bounds_every_output_file(llama_folder, tmp_path, capsys)
         with pytest.raises(SystemExit, match="max_shard_size must be a positive byte count"):
             main(["convert", str(llama_folder), str(tmp_path / "refused"), f"--max-shard-size={bad}"])
     assert not (tmp_path / "refused").exists()
+
+
+def test_the_source_generation_config_is_kept_both_ways(llama_folder, tmp_path):
+    from transformers import GenerationConfig
+
+    # as an instruct model ships it: several stop tokens and sampling defaults that config.json does not hold
+    chat = GenerationConfig(bos_token_id=1, eos_token_id=[2, 7, 9], do_sample=True, temperature=0.6, top_p=0.9)
+    chat.save_pretrained(llama_folder)
+    convert(llama_folder, tmp_path / "ours")
+    convert(tmp_path / "ours", tmp_path / "back", to_format="llama")
+    for folder in (tmp_path / "ours", tmp_path / "back"):
+        assert (folder / "generation_config.json").read_bytes() == (llama_folder / "generation_config.json").read_bytes()
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", trust_remote_code=True)
+    assert ours.generation_config.eos_token_id == [2, 7, 9] and ours.generation_config.temperature == 0.6

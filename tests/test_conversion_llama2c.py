@@ -239,6 +239,18 @@ def test_stories260k_greedy_text_matches_llama2c(stories_folder, one_thread):
 
 
 @needs_stories
+def test_stories260k_stops_where_llama2c_stops(stories_folder, one_thread):
+    """run.c ends a text at BOS as well as EOS; so does the converted folder's generation config."""
+    model = AutoModelForCausalLM.from_pretrained(stories_folder, trust_remote_code=True).eval()
+    assert model.generation_config.eos_token_id == [2, 1]
+    with torch.no_grad():
+        output = model.generate(torch.tensor([[1]]), max_new_tokens=500, do_sample=False)[0].tolist()
+        unstopped = model.generate(torch.tensor([[1]]), max_new_tokens=500, do_sample=False, eos_token_id=2)[0]
+    assert output[-1] == 1 and 1 not in output[1:-1] and 2 not in output[1:]  # the story ends at its BOS
+    assert len(output) < 501 and unstopped.tolist()[: len(output)] == output and len(unstopped) == 501
+
+
+@needs_stories
 def test_stories260k_in_a_text_generation_pipeline(stories_folder, one_thread):
     generator = pipeline("text-generation", model=str(stories_folder), trust_remote_code=True)
     text = generator("Once upon a time", max_new_tokens=20, do_sample=False)[0]["generated_text"]

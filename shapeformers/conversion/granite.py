@@ -21,7 +21,7 @@ def read_granite(folder):
         raise ConversionError(f"{folder} is not a Granite checkpoint (model_type {source.get('model_type')!r})")
     config = BowtieFormerConfig(**model_fields(source), schedule="uniform")
     tensors = renamed(safetensors_loaders(folder), tied_head_dropped(config.tie_word_embeddings))
-    return Checkpoint(config=config, tensors=tensors, tokenizer_dir=folder, base_model=source.get("_name_or_path") or None)
+    return Checkpoint(config=config, tensors=tensors, source_dir=folder, base_model=source.get("_name_or_path") or None)
 
 
 def _uniform(value, name, folder):

@@ -28,7 +28,7 @@ def read_hourglass_lm(folder):
     fields.pop("pretraining_tp", None)
     config = HourglassLlamaConfig(**fields)
     tensors = renamed(safetensors_loaders(folder), tied_head_dropped(config.tie_word_embeddings))
-    return Checkpoint(config=config, tensors=tensors, tokenizer_dir=folder, base_model=source.get("_name_or_path") or None)
+    return Checkpoint(config=config, tensors=tensors, source_dir=folder, base_model=source.get("_name_or_path") or None)
 
 
 def export_hourglass_lm(folder, destination, dtype=None, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):

@@ -26,14 +26,15 @@ class Checkpoint:
     """A model read from some format: its config and, for each tensor name, a function that loads that tensor (so
     that converting never holds more than one tensor of the source at a time).
 
-    `tokenizer` is a tokenizer object to save with the model, or `tokenizer_dir` a folder to copy tokenizer files
-    from; `base_model` names what the checkpoint was converted from (for model cards).
+    `tokenizer` is a tokenizer object to save with the model. `source_dir` is the source checkpoint's folder, whose
+    tokenizer files and generation_config.json (stop tokens, sampling defaults) are carried over; without one, the
+    generation config is made from `config`. `base_model` names what the checkpoint was converted from (for cards).
     """
 
     config: object
     tensors: dict[str, Callable[[], torch.Tensor]]
     tokenizer: object = None
-    tokenizer_dir: Path | None = None
+    source_dir: Path | None = None
     base_model: str | None = None
     notes: list[str] = field(default_factory=list)
 

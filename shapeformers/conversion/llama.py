@@ -54,7 +54,7 @@ def read_llama(folder):
     config = HourglassLlamaConfig(**fields, num_mlp_layers=1)
     drop = tied_head_dropped(config.tie_word_embeddings)
     tensors = renamed(safetensors_loaders(folder), lambda name: drop(_LLAMA.sub(r".\1.0.", name)))
-    return Checkpoint(config=config, tensors=tensors, tokenizer_dir=folder, base_model=source.get("_name_or_path") or None)
+    return Checkpoint(config=config, tensors=tensors, source_dir=folder, base_model=source.get("_name_or_path") or None)
 
 
 def export_llama(folder, destination, dtype=None, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):

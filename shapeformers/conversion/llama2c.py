@@ -267,7 +267,9 @@ def read_llama2c(checkpoint_path, tokenizer_path=None):
         rope_theta=10000.0,
         tie_word_embeddings=tied,
         bos_token_id=1,
-        eos_token_id=2,
+        # run.c stops at BOS too: TinyStories-style training data separates documents with BOS alone, so BOS is
+        # what these models emit at the end of a text (stories260K does, 346 tokens in from BOS, greedy).
+        eos_token_id=[2, 1],
         pad_token_id=None,
     )
 

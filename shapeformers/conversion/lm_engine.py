@@ -321,7 +321,7 @@ def read_lm_engine(folder):
     if any(interleaved):
         notes.append("c_fc of layers with use_interleaved_weights read as interleaved (gate rows even, up rows odd)")
     return Checkpoint(
-        config=config, tensors=tensors, tokenizer_dir=folder, base_model=source.get("_name_or_path") or None,
+        config=config, tensors=tensors, source_dir=folder, base_model=source.get("_name_or_path") or None,
         notes=notes,
     )
 

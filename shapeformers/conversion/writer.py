@@ -66,13 +66,17 @@ def write_checkpoint(checkpoint, destination, dtype=None, max_shard_bytes=DEFAUL
         config.architectures = [type(model).__name__]
         config.save_pretrained(folder)
         write_remote_code(model, folder, model._remote_code_auto_classes)
-        GenerationConfig.from_model_config(config).save_pretrained(folder)
+        source = checkpoint.source_dir
+        if source is not None and (source / "generation_config.json").exists():  # as it is, as exports copy it
+            shutil.copy2(source / "generation_config.json", folder / "generation_config.json")
+        else:
+            GenerationConfig.from_model_config(config).save_pretrained(folder)
         if checkpoint.tokenizer is not None:
             save_tokenizer(checkpoint.tokenizer, folder)
-        elif checkpoint.tokenizer_dir is not None:
+        elif source is not None:
             for name in TOKENIZER_FILES:
-                if (checkpoint.tokenizer_dir / name).exists():
-                    shutil.copy2(checkpoint.tokenizer_dir / name, folder / name)
+                if (source / name).exists():
+                    shutil.copy2(source / name, folder / name)
         if checkpoint.base_model:  # card metadata that `shapeformers card` / `publish` keep
             metadata = ModelCardData(base_model=checkpoint.base_model, library_name="transformers").to_yaml()
             (folder / "README.md").write_text(f"---\n{metadata}\n---\n")
