@@ -4,6 +4,7 @@ uncached model."""
 import pytest
 import torch
 import transformers
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from shapeformers import BowtieFormerForCausalLM, VariableWidthCache
 from shapeformers.modeling.compat import CACHE_FIELD, model_output_cache
@@ -95,9 +96,11 @@ def test_compiled_static_decoding_equals_eager(model):
     expected = generate(model, do_sample=False, cache_implementation="static")
     compiled = BowtieFormerForCausalLM(model.config).eval()
     compiled.load_state_dict(model.state_dict())
-    compiled.forward = torch.compile(compiled.forward, backend="aot_eager", fullgraph=True, dynamic=False)
+    backend = CompileCounterWithBackend("aot_eager")
+    compiled.forward = torch.compile(compiled.forward, backend=backend, fullgraph=True, dynamic=False)
     cache = VariableWidthCache(model.config, max_cache_len=32, batch_size=1, dtype=torch.float32)
     assert torch.equal(generate(compiled, do_sample=False, **{CACHE_FIELD: cache}), expected)
+    assert backend.frame_count >= 1  # generate did run the compiled forward
 
 
 def allocated_bytes(cache):
