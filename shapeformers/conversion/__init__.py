@@ -69,10 +69,10 @@ def parse_shard_size(size):
     if size is None:
         return DEFAULT_MAX_SHARD_BYTES
     try:
-        size_bytes = int(size) if str(size).isdigit() else convert_file_size_to_int(size)
+        size_bytes = int(size) if str(size).isdigit() else int(convert_file_size_to_int(size))
     except ValueError:
         size_bytes = 0
-    if not (isinstance(size_bytes, int) and size_bytes > 0):
+    if size_bytes <= 0:
         raise ConversionError(f"max_shard_size must be a positive byte count or a size such as '5GB'; got {size!r}")
     return size_bytes
 
