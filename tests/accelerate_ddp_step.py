@@ -15,6 +15,7 @@ gathered input batch; OUT/run.json says how the step ran.
 
 import json
 import sys
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
@@ -56,6 +57,14 @@ def main():
             tensors = {name: tensor.contiguous() for name, tensor in tensors.items()}
             save_file(tensors, Path(output) / f"{index}.safetensors")
         accelerator.wait_for_everyone()
+        # Free the DDP wrapper while the process group is still registered. If the wrapper's reducer held the group's
+        # last reference, its destructor would run gloo's, which joins gloo's worker thread holding the GIL while
+        # that thread may wait for the GIL to free a finished collective's tensors: the process then never exits
+        # (pytorch/pytorch#56297; one run in ten here, at the end_training below, before this).
+        wrapper = weakref.ref(model)
+        del model, optimizer, loader
+        accelerator.free_memory()
+        assert wrapper() is None, "something still holds the DDP wrapper"
     if accelerator.is_main_process:
         run = {"num_processes": accelerator.num_processes, "distributed_type": str(accelerator.distributed_type),
                "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None}  # fmt: skip

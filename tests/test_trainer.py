@@ -4,12 +4,12 @@ CPU (gloo) whose first step equals one process on the whole batch, `device_map="
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -106,17 +106,17 @@ def test_accelerate_data_parallel_step_equals_one_process_on_the_whole_batch(tmp
         "--main_process_port", str(free_port()), "--monitor_interval", "1",
         str(DDP_SCRIPT), str(tmp_path / "out"), str(tmp_path / "batch.safetensors"), *folders,
     ]  # fmt: skip
-    # GLOO_SOCKET_IFNAME: gloo otherwise picks the address the host name resolves to, which on some machines is
-    # not reachable from a sandboxed process, and the DDP broadcast then waits forever.
+    # GLOO_SOCKET_IFNAME keeps gloo on the loopback interface (it otherwise takes the address the host name resolves
+    # to): the test talks to this machine only.
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
                HF_HOME=str(tmp_path / "hf"), HF_MODULES_CACHE=str(tmp_path / "modules"))  # fmt: skip
-    # A session of its own, so that a timeout kills the launcher's worker processes too.
-    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = launcher.communicate(timeout=300)
     except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
+        # torchrun starts the workers in sessions of their own: kill them by ancestry, then the launcher.
+        for process in [*psutil.Process(launcher.pid).children(recursive=True), launcher]:
+            process.kill()
         _, stderr = launcher.communicate()
         pytest.fail(f"accelerate launch did not finish in 300 s; its stderr ends with:\n{stderr[-4000:]}")
     assert launcher.returncode == 0, stderr[-4000:]
