@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -204,7 +205,7 @@ class HubStandIn:
     the commit itself ("regular" upload mode)."""
 
     def __init__(self):
-        self.requests, self.validated, self.commits = [], [], {}
+        self.requests, self.validated, self.commits, self.commit_queries = [], [], {}, {}
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -222,6 +223,8 @@ class HubStandIn:
             def do_GET(self):
                 stand_in.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
                 self.answer(404, {"error": "not found"})
+
+            do_HEAD = do_GET  # a file that is not there yet (an earlier model card, say)
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -241,9 +244,12 @@ class HubStandIn:
                 if match := re.fullmatch(r"/api/models/(.+)/commit/(\w+)", path):
                     lines = [json.loads(line) for line in body.splitlines() if line.strip()]
                     stand_in.commits[match.group(1)] = lines
+                    stand_in.commit_queries[match.group(1)] = self.path.partition("?")[2]
                     oid = "c0ffee" * 6 + "c0ff"
-                    return self.answer(200, {"commitUrl": f"{stand_in.endpoint}/{match.group(1)}/commit/{oid}",
-                                             "commitOid": oid})  # fmt: skip
+                    answer = {"commitUrl": f"{stand_in.endpoint}/{match.group(1)}/commit/{oid}", "commitOid": oid}
+                    if "create_pr=1" in self.path:  # the commit went to a new pull request
+                        answer["pullRequestUrl"] = f"{stand_in.endpoint}/{match.group(1)}/discussions/1"
+                    return self.answer(200, answer)
                 self.answer(404, {"error": f"no route {path}"})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -289,3 +295,29 @@ def test_publish_uploads_through_huggingface_hub(tmp_path):
     for name, content in uploaded.items():
         assert content == (folder / name).read_bytes(), name
     assert {"README.md", "width_profile.png", "modeling_bowtieformer.py", "tokenizer.json"} <= set(uploaded)
+
+
+def test_save_pretrained_pushes_the_code_with_the_hub_options(tmp_path):
+    """`save_pretrained(push_to_hub=True, ...)` uploads the remote-code files too, and passes push_to_hub's own
+    options (here create_pr and commit_description) on, as transformers' own save_pretrained does."""
+    folder = save_bundle(tiny_model("hourglass_llama"), tmp_path / "tiny")
+    push = textwrap.dedent(f"""
+        import shapeformers
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(folder)!r})
+        model.save_pretrained({str(tmp_path / "saved")!r}, push_to_hub=True, repo_id="org/tiny",
+                              commit_message="Add model", commit_description="Why", create_pr=True)
+    """)
+    with HubStandIn() as hub:
+        env = dict(os.environ, HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.endpoint, HF_TOKEN="hf_test_token",
+                   HF_HOME=str(tmp_path / "hf"))  # fmt: skip
+        env.pop("HF_HUB_CACHE", None)
+        result = subprocess.run([sys.executable, "-c", push], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    header, *files = hub.commits["org/tiny"]
+    assert header["value"] == {"summary": "Add model", "description": "Why"}
+    assert "create_pr=1" in hub.commit_queries["org/tiny"].split("&")
+    uploaded = {item["value"]["path"] for item in files}
+    code = {path.name for path in (tmp_path / "saved").glob("*.py")}
+    assert {"configuration_hourglass_llama.py", "modeling_hourglass_llama.py"} <= code <= uploaded
+    assert {"config.json", "generation_config.json"} <= uploaded and any(p.endswith(".safetensors") for p in uploaded)

@@ -97,6 +97,16 @@ def test_native_round_trip_is_bit_exact(any_model, tmp_path):
         assert torch.equal(loaded.eval()(input_ids).logits, any_model(input_ids).logits)
 
 
+def test_only_the_main_process_writes(any_model, tmp_path):
+    # accelerate's multi-process save: every process calls save_pretrained(is_main_process=...). The others write
+    # neither config nor code (transformers 4.x still has each of them write the weights).
+    any_model.save_pretrained(tmp_path / "other", is_main_process=False)
+    written = {path.name for path in (tmp_path / "other").glob("*")}
+    assert "config.json" not in written and not any(name.endswith(".py") for name in written)
+    any_model.save_pretrained(tmp_path / "main", is_main_process=True)
+    assert {"config.json", "model.safetensors"} <= {path.name for path in (tmp_path / "main").iterdir()}
+
+
 def test_tied_embeddings_stay_tied_after_loading(tmp_path):
     HourglassLlamaForCausalLM(tiny_hourglass_config(tie_word_embeddings=True)).save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)

@@ -73,6 +73,11 @@ def write_remote_code(model, save_directory, auto_classes):
     atomic_write_text(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+# The options of `push_to_hub` that `save_pretrained(push_to_hub=True, ...)` passes on to it (transformers 4.57-5.x).
+PUSH_TO_HUB_OPTIONS = ("repo_id", "private", "token", "commit_message", "commit_description", "create_pr", "revision",
+                       "tags")  # fmt: skip
+
+
 class RemoteCodeMixin:
     """Put first among a PreTrainedModel's bases: `save_pretrained` (and with it `push_to_hub`, Trainer checkpoints
     and PEFT merges) also writes the model's code, so that the folder loads with `trust_remote_code=True`."""
@@ -80,9 +85,14 @@ class RemoteCodeMixin:
     # Auto class name -> class name in the model's modeling file; set by each model family.
     _remote_code_auto_classes = {}
 
-    def save_pretrained(self, save_directory, *args, push_to_hub=False, **kwargs):
-        hub_kwargs = {key: kwargs.pop(key) for key in ("repo_id", "private", "token", "commit_message") if key in kwargs}
-        super().save_pretrained(save_directory, *args, **kwargs)
+    def save_pretrained(self, save_directory, is_main_process=True, *args, push_to_hub=False, **kwargs):
+        # The upload happens here, after the code is written, rather than inside transformers' save_pretrained.
+        hub_kwargs = {key: kwargs.pop(key) for key in PUSH_TO_HUB_OPTIONS if key in kwargs}
+        super().save_pretrained(save_directory, is_main_process, *args, **kwargs)
+        if not is_main_process:  # as in transformers: in a multi-process save only the main process writes
+            return
         write_remote_code(self, save_directory, self._remote_code_auto_classes)
         if push_to_hub:  # push_to_hub saves into a temporary folder through this method, code included
+            if "max_shard_size" in kwargs:
+                hub_kwargs["max_shard_size"] = kwargs["max_shard_size"]
             self.push_to_hub(hub_kwargs.pop("repo_id", Path(save_directory).resolve().name), **hub_kwargs)
