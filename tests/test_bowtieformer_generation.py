@@ -22,11 +22,33 @@ CONFIGS = {
 }
 
 
+# At their initial scale (std 0.02) q and k give nearly uniform attention, and greedy tokens barely depend on
+# positions: a cache that got positions wrong would still pass. Larger q and k make positions decide tokens.
+QK_SCALE = 12.0
+
+
 @pytest.fixture(params=list(CONFIGS), scope="module")
 def model(request):
     torch.manual_seed(0)
     config = tiny_bowtie_config(embedding_multiplier=2.0, residual_multiplier=0.7, **CONFIGS[request.param])
-    return perturb_norms(BowtieFormerForCausalLM(config)).eval()
+    model = perturb_norms(BowtieFormerForCausalLM(config)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                parameter.mul_(QK_SCALE)
+    return model
+
+
+def test_the_models_tokens_depend_on_positions(model):
+    # What makes the cache tests below able to fail on wrong positions (RoPE is relative: only a shift is harmless).
+    input_ids = torch.randint(3, 80, (1, 20), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(20)[None]
+    with torch.no_grad():
+        logits = model(input_ids, position_ids=positions).logits
+        shifted = model(input_ids, position_ids=positions + 3).logits
+        collapsed = model(input_ids, position_ids=torch.zeros_like(positions)).logits
+    assert torch.allclose(shifted, logits, atol=1e-5)
+    assert (collapsed.argmax(-1) != logits.argmax(-1)).sum() >= 5
 
 
 def generate(model, prompt=PROMPT, **settings):
