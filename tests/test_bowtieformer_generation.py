@@ -125,6 +125,15 @@ def test_compiled_static_decoding_equals_eager(model):
     assert backend.frame_count >= 1  # generate did run the compiled forward
 
 
+def test_a_static_cache_without_a_dtype_takes_the_models(model):
+    bf16 = BowtieFormerForCausalLM(model.config).to(torch.bfloat16).eval()
+    bf16.load_state_dict(model.state_dict())
+    expected = generate(bf16, do_sample=False, cache_implementation="static")
+    cache = VariableWidthCache(model.config, max_cache_len=32, batch_size=1)  # allocated at the first update
+    assert torch.equal(generate(bf16, do_sample=False, **{CACHE_FIELD: cache}), expected)
+    assert {layer.keys.dtype for layer in cache.layers} == {torch.bfloat16}
+
+
 def allocated_bytes(cache):
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 

@@ -21,8 +21,8 @@ class VariableWidthCache(Cache):
         max_cache_len (`int`, *optional*): without it the cache grows as tokens arrive (dynamic: beam reordering,
             cropping for assisted decoding); with it every layer is preallocated to this many positions (static:
             fixed addresses, so that decoding can be compiled).
-        batch_size, dtype, device: with `max_cache_len` and `batch_size`, layers are allocated now rather than at
-            their first update.
+        batch_size, dtype, device: with `max_cache_len`, `batch_size` and `dtype`, layers are allocated now (on
+            `device`); otherwise at their first update, with the keys' dtype and device.
     """
 
     def __init__(self, config, max_cache_len=None, batch_size=None, dtype=None, device=None):
@@ -32,8 +32,7 @@ class VariableWidthCache(Cache):
         else:
             layers = [StaticLayer(max_cache_len=max_cache_len) for _ in self.layer_kv_shapes]
         super().__init__(layers=layers)
-        if max_cache_len is not None and batch_size is not None:
-            dtype = dtype or torch.get_default_dtype()
+        if max_cache_len is not None and batch_size is not None and dtype is not None:
             for layer, (kv_heads, head_dim) in zip(self.layers, self.layer_kv_shapes):
                 # An empty update with the layer's shape makes StaticLayer allocate its full-length tensors.
                 empty = torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device)
