@@ -97,7 +97,14 @@ def test_arithmetic_and_asymmetric_schedules():
         ({"attention_multiplier": [0.1] * 5 + ["x"]}, "attention_multiplier[5]"),
         ({"embedding_multiplier": 0}, "embedding_multiplier"),
         ({"mlp_ratio": 0}, "mlp_ratio"),
+        ({"mlp_ratio": float("inf")}, "mlp_ratio"),
+        ({"bottleneck_position": float("nan")}, "bottleneck_position"),
+        ({"embedding_multiplier": float("inf")}, "embedding_multiplier"),
+        ({"symmetric": "no"}, "symmetric"),
         ({"rope_scaling": {"rope_type": "nope"}}, "rope_parameters['rope_type']"),
+        # the layers' head sizes differ, so no one list of longrope factors fits them all
+        ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 12, "long_factor": [1.0] * 12}},
+         "rope_parameters['short_factor']"),
     ],
 )
 def test_invalid_config_fails_at_construction_naming_the_field(overrides, field):

@@ -31,6 +31,12 @@ from .conftest import LLAMA3_SCALING, tiny_hourglass_config
         ({"rope_scaling": {"rope_type": "fancy"}}, "rope_parameters['rope_type']"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_parameters"),
         ({"rope_theta": -1.0}, "rope_theta"),
+        ({"rope_theta": "10000"}, "rope_theta"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": -2.0}}, "rope_parameters['factor']"),
+        ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 5}},
+         "rope_parameters['short_factor']"),  # head_dim 10: 5 values each
+        ({"qk_norm": "false"}, "qk_norm"),
+        ({"mlp_bias": 1}, "mlp_bias"),
     ],
 )
 def test_invalid_config_fails_at_construction_naming_the_field(overrides, field):

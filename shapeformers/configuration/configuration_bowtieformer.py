@@ -9,7 +9,15 @@ import math
 import torch
 from transformers import PretrainedConfig
 
-from .configuration_common import check_llama_fields, check_positive_int, dtype_bytes, normalize_rope_parameters
+from .configuration_common import (
+    check_bool,
+    check_llama_fields,
+    check_positive_int,
+    check_positive_number,
+    check_rope_head_dims,
+    dtype_bytes,
+    normalize_rope_parameters,
+)
 
 SCHEDULES = ("uniform", "geometric", "arithmetic")
 RESIZE_MODES = ("carry_forward", "zero")
@@ -189,12 +197,15 @@ class BowtieFormerConfig(PretrainedConfig):
         if ffn_type == "swiglu" and num_mlp_layers != 1:
             raise ValueError(f"`num_mlp_layers` must be 1 with ffn_type 'swiglu', got {num_mlp_layers}")
         check_llama_fields(hidden_act, rms_norm_eps, initializer_range, attention_dropout)
-        if not mlp_ratio > 0:
-            raise ValueError(f"`mlp_ratio` must be > 0, got {mlp_ratio!r}")
+        check_positive_number("mlp_ratio", mlp_ratio)
+        for name, value in [("symmetric", symmetric), ("attention_bias", attention_bias), ("mlp_bias", mlp_bias)]:
+            check_bool(name, value)
 
         if layer_widths is None:
             if schedule != "uniform":
-                if not 0 < bottleneck_ratio <= 1:
+                check_positive_number("bottleneck_ratio", bottleneck_ratio)
+                check_positive_number("bottleneck_position", bottleneck_position)
+                if not bottleneck_ratio <= 1:
                     raise ValueError(f"`bottleneck_ratio` must be in (0, 1], got {bottleneck_ratio!r}")
                 k = math.floor(bottleneck_position * L + 0.5)
                 if not 2 <= k <= L - 1:
@@ -227,13 +238,13 @@ class BowtieFormerConfig(PretrainedConfig):
             intermediate_size = [max(1, round(mlp_ratio * width)) for width in layer_widths]
         self._check_per_layer("intermediate_size", intermediate_size, L, check_positive_int)
         if attention_multiplier is not None:
-            self._check_per_layer("attention_multiplier", attention_multiplier, L, self._check_positive_float)
+            self._check_per_layer("attention_multiplier", attention_multiplier, L, check_positive_number)
         for name, value in [
             ("embedding_multiplier", embedding_multiplier),
             ("residual_multiplier", residual_multiplier),
             ("logits_scaling", logits_scaling),
         ]:
-            self._check_positive_float(name, value)
+            check_positive_number(name, value)
 
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -263,6 +274,7 @@ class BowtieFormerConfig(PretrainedConfig):
         self.rope_parameters = normalize_rope_parameters(
             rope_parameters, rope_scaling, rope_theta, max_position_embeddings
         )
+        check_rope_head_dims(self.rope_parameters, [self.layer_shape(l)[3] for l in range(L)])
         self.attention_bias = attention_bias
         self.attention_dropout = attention_dropout
         self.mlp_bias = mlp_bias
@@ -273,11 +285,6 @@ class BowtieFormerConfig(PretrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
-
-    @staticmethod
-    def _check_positive_float(name, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"`{name}` must be a number > 0, got {value!r}")
 
     @staticmethod
     def _check_per_layer(name, value, num_layers, check):

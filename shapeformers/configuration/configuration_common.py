@@ -1,5 +1,7 @@
 """Validation helpers shared by the configurations; copied flat into saved model folders beside them."""
 
+import math
+
 import torch
 from transformers.activations import ACT2FN
 
@@ -21,6 +23,16 @@ def check_positive_int(name, value):
         raise ValueError(f"`{name}` must be a positive int, got {value!r}")
 
 
+def check_positive_number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
+
+
+def check_bool(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False, got {value!r}")
+
+
 def normalize_rope_parameters(rope_parameters, rope_scaling, rope_theta, max_position_embeddings):
     """Merge Llama's two spellings (4.x `rope_theta` + `rope_scaling`, 5.x `rope_parameters`) into one dict."""
     params = dict(rope_parameters or rope_scaling or {})
@@ -36,9 +48,23 @@ def normalize_rope_parameters(rope_parameters, rope_scaling, rope_theta, max_pos
         raise ValueError(f"`rope_parameters` of type {rope_type!r} is missing {missing}")
     if rope_type in ROPE_TYPES_WITH_ORIGINAL_LENGTH:
         params.setdefault("original_max_position_embeddings", max_position_embeddings)
-    if not params["rope_theta"] > 0:
-        raise ValueError(f"`rope_theta` must be > 0, got {params['rope_theta']!r}")
+    check_positive_number("rope_theta", params["rope_theta"])
+    if "factor" in params:
+        check_positive_number("rope_parameters['factor']", params["factor"])
     return params
+
+
+def check_rope_head_dims(rope_parameters, head_dims):
+    """longrope scales each rotary frequency by its own factor: one per pair of head dimensions, in every layer."""
+    if rope_parameters["rope_type"] != "longrope":
+        return
+    pairs = sorted({head_dim // 2 for head_dim in head_dims})
+    for key in ("short_factor", "long_factor"):
+        if [len(rope_parameters[key])] != pairs:
+            raise ValueError(
+                f"`rope_parameters['{key}']` must have head_dim / 2 values ({' or '.join(map(str, pairs))} here; "
+                f"longrope needs one head_dim in all layers), got {len(rope_parameters[key])}"
+            )
 
 
 def dtype_bytes(dtype):

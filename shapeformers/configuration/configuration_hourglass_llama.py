@@ -7,7 +7,14 @@ its siblings.
 import torch
 from transformers import PretrainedConfig
 
-from .configuration_common import check_llama_fields, check_positive_int, dtype_bytes, normalize_rope_parameters
+from .configuration_common import (
+    check_bool,
+    check_llama_fields,
+    check_positive_int,
+    check_rope_head_dims,
+    dtype_bytes,
+    normalize_rope_parameters,
+)
 
 
 class HourglassLlamaConfig(PretrainedConfig):
@@ -104,6 +111,8 @@ class HourglassLlamaConfig(PretrainedConfig):
             check_positive_int(f"mlp_intermediate_sizes[{k}]", size)
 
         check_llama_fields(hidden_act, rms_norm_eps, initializer_range, attention_dropout)
+        for name, value in [("qk_norm", qk_norm), ("attention_bias", attention_bias), ("mlp_bias", mlp_bias)]:
+            check_bool(name, value)
 
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -115,7 +124,7 @@ class HourglassLlamaConfig(PretrainedConfig):
         self.head_dim = head_dim
         self.num_mlp_layers = num_mlp_layers
         self.mlp_intermediate_sizes = mlp_intermediate_sizes
-        self.qk_norm = bool(qk_norm)
+        self.qk_norm = qk_norm
         self.hidden_act = hidden_act
         self.max_position_embeddings = max_position_embeddings
         self.initializer_range = initializer_range
@@ -124,6 +133,7 @@ class HourglassLlamaConfig(PretrainedConfig):
         self.rope_parameters = normalize_rope_parameters(
             rope_parameters, rope_scaling, rope_theta, max_position_embeddings
         )
+        check_rope_head_dims(self.rope_parameters, [head_dim])
         self.attention_bias = attention_bias
         self.attention_dropout = attention_dropout
         self.mlp_bias = mlp_bias
