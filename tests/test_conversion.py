@@ -131,6 +131,10 @@ def rewrite_tensors(folder, edit):
     index_path.write_text(json.dumps(index))
 
 
+def edit_json(path, **changes):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -141,11 +145,18 @@ def rewrite_tensors(folder, edit):
         (lambda f: rewrite_tensors(
             f, lambda t: t.update({"model.norm.weight": torch.ones(47)}) if "model.norm.weight" in t else None),
          r"model.norm.weight \(47,\) \(expected \(48,\)\)"),
+        (lambda f: rewrite_tensors(f, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(torch.int32)})
+                                   if "model.norm.weight" in t else None),
+         r"model.norm.weight torch.int32 \(expected a floating-point dtype\)"),
         (lambda f: (f / sorted(json.loads((f / "model.safetensors.index.json").read_text())["weight_map"].values())[0])
          .write_bytes(b"\x10\x00\x00"), "not a readable safetensors file"),
         (lambda f: (f / "config.json").write_text(json.dumps({"model_type": "gpt2"})), "unknown model_type 'gpt2'"),
+        (lambda f: edit_json(f / "config.json", num_key_value_heads=3),
+         "not a valid 'llama' checkpoint: ValueError: `num_key_value_heads`"),
+        (lambda f: edit_json(f / "model.safetensors.index.json", weight_map=None),
+         "not a valid 'llama' checkpoint"),
     ],
-    ids=["missing", "unexpected", "misshaped", "truncated", "unknown-format"],
+    ids=["missing", "unexpected", "misshaped", "mistyped", "truncated", "unknown-format", "bad-config-value", "bad-index"],
 )
 def test_bad_input_is_refused_and_leaves_nothing(llama_folder, tmp_path, damage, message):
     damage(llama_folder)

@@ -4,6 +4,7 @@ One module per source format, each reading a checkpoint into a config plus lazy 
 `writer.write_checkpoint` checks and writes every one of them the same way.
 """
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -77,6 +78,19 @@ def parse_shard_size(size):
     return size_bytes
 
 
+@contextmanager
+def reading(source, source_format):
+    """Malformed source files (a config.json field of the wrong type or value, an index without its weight map)
+    surface deep in a reader as Python errors; report them as a ConversionError that names the source."""
+    try:
+        yield
+    except ConversionError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        message = f"{source} is not a valid {source_format!r} checkpoint: {type(error).__name__}: {error}"
+        raise ConversionError(message) from error
+
+
 def convert(source, destination, from_format=None, to_format=None, tokenizer=None, dtype=None, verify=False,
             max_shard_size=None):  # fmt: skip
     """Convert `source` into `destination` and return a report (a dict).
@@ -94,7 +108,8 @@ def convert(source, destination, from_format=None, to_format=None, tokenizer=Non
             raise ConversionError(f"--to must be one of {tuple(EXPORTERS)}, got {to_format!r}")
         if detected != "shapeformers":
             raise ConversionError(f"--to exports one of our folders; {source} is a {detected!r} checkpoint")
-        EXPORTERS[to_format](source, destination, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        with reading(source, "shapeformers"):
+            EXPORTERS[to_format](source, destination, dtype=dtype, max_shard_bytes=max_shard_bytes)
         report = {"from": "shapeformers", "to": to_format, "destination": str(destination)}
         if verify:
             report["verify"] = verify_logits(destination, to_format, source)
@@ -103,7 +118,8 @@ def convert(source, destination, from_format=None, to_format=None, tokenizer=Non
         raise ConversionError(f"--from must be one of {FORMATS}, got {detected!r}")
     if tokenizer is not None and detected != "llama2c":
         raise ConversionError("--tokenizer is for llama2.c checkpoints; other formats carry their tokenizer files")
-    checkpoint = read_llama2c(source, tokenizer) if detected == "llama2c" else READERS[detected](source)
+    with reading(source, detected):
+        checkpoint = read_llama2c(source, tokenizer) if detected == "llama2c" else READERS[detected](source)
     write_checkpoint(checkpoint, destination, dtype=dtype, max_shard_bytes=max_shard_bytes)
     report = {"from": detected, "to": checkpoint.config.model_type, "destination": str(destination)}
     if verify:

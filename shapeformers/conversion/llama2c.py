@@ -234,7 +234,7 @@ def read_llama2c(checkpoint_path, tokenizer_path=None):
     with the llama2.c tokenizer given, or found beside it, as a Hugging Face fast tokenizer."""
     path = Path(checkpoint_path)
     if not path.is_file():
-        raise ConversionError(f"{path} not found")
+        raise ConversionError(f"{path} is not a file; a llama2.c checkpoint is one .bin file")
     header = read_header(path)
     arrays, offset = {}, HEADER_BYTES
     for name, shape in layout(header):
