@@ -54,6 +54,20 @@ def perturb_norms(model, seed=0):
     return model
 
 
+def compiled_copy(model):
+    """A copy of `model` whose forward is captured whole by torch.compile, and the backend that counts the graphs.
+
+    A full-graph capture with a static cache is what breaks when shapes or Python state leak into the graph;
+    aot_eager checks the capture without minutes of CPU compilation."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    compiled = type(model)(model.config).eval()
+    compiled.load_state_dict(model.state_dict())
+    backend = CompileCounterWithBackend("aot_eager")
+    compiled.forward = torch.compile(compiled.forward, backend=backend, fullgraph=True, dynamic=False)
+    return compiled, backend
+
+
 @pytest.fixture
 def tiny_model():
     torch.manual_seed(0)

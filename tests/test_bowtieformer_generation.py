@@ -4,12 +4,11 @@ uncached model."""
 import pytest
 import torch
 import transformers
-from torch._dynamo.testing import CompileCounterWithBackend
 
 from shapeformers import BowtieFormerForCausalLM, VariableWidthCache
 from shapeformers.modeling.compat import CACHE_FIELD, model_output_cache
 
-from .conftest import perturb_norms
+from .conftest import compiled_copy, perturb_norms
 from .test_bowtieformer_config import tiny_bowtie_config
 
 pytestmark = pytest.mark.matrix
@@ -113,13 +112,8 @@ def test_chunked_prefill_equals_one_prefill(model):
 
 
 def test_compiled_static_decoding_equals_eager(model):
-    # Full-graph capture of the forward with a static cache is what breaks when shapes or Python state leak into
-    # the graph; aot_eager checks the capture without spending minutes in a CPU compiler.
     expected = generate(model, do_sample=False, cache_implementation="static")
-    compiled = BowtieFormerForCausalLM(model.config).eval()
-    compiled.load_state_dict(model.state_dict())
-    backend = CompileCounterWithBackend("aot_eager")
-    compiled.forward = torch.compile(compiled.forward, backend=backend, fullgraph=True, dynamic=False)
+    compiled, backend = compiled_copy(model)
     cache = VariableWidthCache(model.config, max_cache_len=32, batch_size=1, dtype=torch.float32)
     assert torch.equal(generate(compiled, do_sample=False, **{CACHE_FIELD: cache}), expected)
     assert backend.frame_count >= 1  # generate did run the compiled forward

@@ -3,12 +3,11 @@ tokens the uncached model gives."""
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounterWithBackend
 
 from shapeformers import HourglassLlamaForCausalLM, HourglassLlamaForSequenceClassification
 from shapeformers.modeling.compat import model_output_cache
 
-from .conftest import perturb_norms, tiny_hourglass_config
+from .conftest import compiled_copy, perturb_norms, tiny_hourglass_config
 
 pytestmark = pytest.mark.matrix
 
@@ -41,13 +40,8 @@ def test_static_cache_equals_dynamic(tiny_model):
 
 
 def test_compiled_static_decoding_equals_eager(tiny_model):
-    # As for BowtieFormer: a full-graph capture with the static cache fails when shapes or Python state leak into
-    # the graph; aot_eager checks the capture without minutes of CPU compilation.
     expected = generate(tiny_model, do_sample=False, cache_implementation="static")
-    compiled = HourglassLlamaForCausalLM(tiny_model.config).eval()
-    compiled.load_state_dict(tiny_model.state_dict())
-    backend = CompileCounterWithBackend("aot_eager")
-    compiled.forward = torch.compile(compiled.forward, backend=backend, fullgraph=True, dynamic=False)
+    compiled, backend = compiled_copy(tiny_model)
     assert torch.equal(generate(compiled, do_sample=False, cache_implementation="static"), expected)
     assert backend.frame_count >= 1  # generate did run the compiled forward
 
