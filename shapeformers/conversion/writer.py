@@ -51,19 +51,19 @@ def write_checkpoint(checkpoint, destination, dtype=None, max_shard_bytes=DEFAUL
     config = checkpoint.config
     model, shapes = skeleton(config)
     check_names(checkpoint.tensors, shapes)
-    misshaped = []
+    refused = []
 
     def check(name, tensor):
         if tuple(tensor.shape) != shapes[name]:
-            misshaped.append(f"{name} {tuple(tensor.shape)} (expected {shapes[name]})")
+            refused.append(f"{name} {tuple(tensor.shape)} (expected {shapes[name]})")
         if not tensor.is_floating_point():  # loading would cast integers into the float parameters
-            misshaped.append(f"{name} {tensor.dtype} (expected a floating-point dtype)")
+            refused.append(f"{name} {tensor.dtype} (expected a floating-point dtype)")
 
     ordered = {name: checkpoint.tensors[name] for name in shapes}  # the model's own order
     with atomic_folder(destination) as folder:
         source_dtype = write_safetensors(folder, ordered, dtype, max_shard_bytes, check)
-        if misshaped:
-            raise ConversionError("misshaped or mistyped tensors: " + "; ".join(misshaped))
+        if refused:
+            raise ConversionError("misshaped or mistyped tensors: " + "; ".join(refused))
         config.dtype = str(dtype or source_dtype or torch.float32).removeprefix("torch.")
         config.architectures = [type(model).__name__]
         config.save_pretrained(folder)
